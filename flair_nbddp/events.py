@@ -1,0 +1,116 @@
+"""Typed events that workers send to the parent, and the channel they travel on.
+
+Each worker holds one end of a private socket pair created by the parent (no listening port, no
+other process can connect). Events are small dataclasses; anything large (the result) goes to a
+file in the run directory and only its path travels here.
+
+Example:
+    >>> import socket
+    >>> a, b = socket.socketpair()
+    >>> sender, receiver = EventSender.from_fd(a.detach()), open_receiver(b.detach())
+    >>> sender.send(Metric(rank=0, name="train/loss", value=0.5, step=1))
+    >>> receiver.recv().value
+    0.5
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+
+
+def _now() -> float:
+    return time.time()
+
+
+@dataclass(frozen=True)
+class Event:
+    """Base of all events: which rank sent it, and when (seconds since the epoch)."""
+
+    rank: int
+    time: float = field(default_factory=_now, kw_only=True)
+
+
+@dataclass(frozen=True)
+class Started(Event):
+    """A worker process is up, its process group joined, its payload unpacked."""
+
+    pid: int
+    device: str
+
+
+@dataclass(frozen=True)
+class Progress(Event):
+    """Rank 0 finished a training batch (``batch`` counts from 1 within ``epoch``)."""
+
+    epoch: int
+    max_epochs: int
+    batch: int
+    total_batches: int
+
+
+@dataclass(frozen=True)
+class Metric(Event):
+    """A scalar flair recorded (``metric_recorded``): ``train/loss``, ``dev/score``, ``learning_rate``..."""
+
+    name: str
+    value: float
+    step: int
+
+
+@dataclass(frozen=True)
+class Heartbeat(Event):
+    """Sent by every rank about once a second: liveness and throughput of that rank."""
+
+    step: int
+    samples: int
+    samples_per_second: float
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class ResultReady(Event):
+    """Rank 0 wrote the function's return value to ``path``."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class Failed(Event):
+    """A rank raised: the exception's type, message and formatted traceback."""
+
+    exc_type: str
+    message: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class Finished(Event):
+    """A rank returned from the function and left its process group."""
+
+
+class EventSender:
+    """The worker's end: thread-safe ``send`` (the heartbeat thread and the training loop share it)."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_fd(cls, fd: int) -> EventSender:
+        return cls(Connection(fd))
+
+    @property
+    def connection(self) -> Connection:
+        return self._connection
+
+    def send(self, event: Event) -> None:
+        with self._lock:
+            self._connection.send(event)
+
+
+def open_receiver(fd: int) -> Connection:
+    """The parent's end of a worker's channel, usable with ``multiprocessing.connection.wait``."""
+    return Connection(fd)

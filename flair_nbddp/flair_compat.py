@@ -1,0 +1,130 @@
+"""Everything that bends flair inside the workers (never imported by the parent).
+
+* :func:`allow_cpu_ddp`: flair wraps the model as ``DistributedDataParallel(model,
+  device_ids=[flair.device.index])``, i.e. ``[None]`` on CPU, which torch rejects. On CPU the ids
+  become ``None``, so flair's whole ``multi_gpu=True`` path runs with gloo.
+* :func:`instrument_trainer`: every ``train``/``fine_tune``/``train_custom`` call gets a fresh
+  :class:`StreamingPlugin`, and a call that forgets ``multi_gpu=True`` while several processes run
+  is stopped before every rank trains the whole corpus on its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, Callable
+
+import flair
+import torch
+from flair.trainers.plugins import TrainerPlugin
+from flair.trainers.plugins.metric_records import MetricRecord
+
+from .events import EventSender, Metric, Progress
+
+
+class MissingMultiGpuError(RuntimeError):
+    """``.train()``/``.fine_tune()`` was called without ``multi_gpu=True`` in a run of several processes."""
+
+
+class TrainingCounters:
+    """Throughput of this rank, shared between the plugin (writer) and the heartbeat thread (reader)."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.samples = 0
+        self.training_seconds = 0.0
+        self._batch_started: float | None = None
+
+    def batch_started(self) -> None:
+        self._batch_started = time.perf_counter()
+
+    def batch_done(self, samples: int) -> None:
+        if self._batch_started is not None:
+            self.training_seconds += time.perf_counter() - self._batch_started
+        self.step += 1
+        self.samples += samples
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.samples / self.training_seconds if self.training_seconds else 0.0
+
+
+class StreamingPlugin(TrainerPlugin):
+    """Streams progress and metrics (rank 0) and counts throughput (every rank).
+
+    It sends events only, never starts a collective, so it is safe on rank 0 alone.
+    """
+
+    def __init__(self, sender: EventSender, rank: int, counters: TrainingCounters) -> None:
+        super().__init__()
+        self._sender, self._rank, self._counters = sender, rank, counters
+        self._max_epochs = 0
+
+    @TrainerPlugin.hook
+    def after_setup(self, max_epochs: int = 0, **_: Any) -> None:
+        self._max_epochs = max_epochs
+
+    @TrainerPlugin.hook
+    def before_training_batch(self, **_: Any) -> None:
+        self._counters.batch_started()
+
+    @TrainerPlugin.hook
+    def after_training_batch(self, batch: list, batch_no: int, total_number_of_batches: int, epoch: int, **_: Any):
+        self._counters.batch_done(len(batch))
+        if self._rank == 0:
+            self._sender.send(Progress(0, epoch, self._max_epochs, batch_no + 1, total_number_of_batches))
+
+    @TrainerPlugin.hook
+    def metric_recorded(self, record: MetricRecord) -> None:
+        if self._rank != 0:
+            return
+        if record.is_histogram:
+            return
+        # flair records an evaluation's main score as a "string" record holding a float
+        values = record.value if record.is_scalar_list else [record.value]
+        for index, value in enumerate(values):
+            suffix = f"/{index}" if len(values) > 1 else ""
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                continue
+            self._sender.send(Metric(0, record.joined_name + suffix, number, int(record.global_step)))
+
+
+def allow_cpu_ddp() -> None:
+    """Let flair's trainer wrap CPU models in DDP (``device_ids=None`` instead of ``[None]``)."""
+    from flair.trainers import trainer as trainer_module
+
+    ddp = torch.nn.parallel.DistributedDataParallel
+
+    @functools.wraps(ddp)
+    def distributed_data_parallel(module: torch.nn.Module, device_ids: Any = None, **kwargs: Any):
+        if device_ids == [None]:
+            device_ids = None
+        return ddp(module, device_ids=device_ids, **kwargs)
+
+    trainer_module.DistributedDataParallel = distributed_data_parallel
+
+
+def instrument_trainer(sender: EventSender, rank: int, world_size: int, counters: TrainingCounters) -> None:
+    """Wrap ``ModelTrainer.train_custom`` (which ``train`` and ``fine_tune`` call) for this process."""
+    from flair.trainers import ModelTrainer
+
+    original: Callable = ModelTrainer.train_custom
+
+    @functools.wraps(original)
+    def train_custom(self: Any, *args: Any, multi_gpu: bool = False, plugins: list | None = None, **kwargs: Any):
+        if world_size > 1 and not multi_gpu:
+            raise MissingMultiGpuError(
+                f"trainer.train()/fine_tune() was called without multi_gpu=True while {world_size} processes run: "
+                "each rank would train on the whole corpus on its own. Add multi_gpu=True to the call."
+            )
+        plugins = [*(plugins or []), StreamingPlugin(sender, rank, counters)]
+        return original(self, *args, multi_gpu=multi_gpu, plugins=plugins, **kwargs)
+
+    ModelTrainer.train_custom = train_custom
+
+
+def seed_everything(seed: int) -> None:
+    """Seed ``random``, numpy and torch the same way on every rank (flair's corpus check samples with ``random``)."""
+    flair.set_seed(seed)

@@ -1,0 +1,83 @@
+"""What a finished run gives back to the cell."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import WorkerError
+from .state import MetricPoint, RankInfo
+
+
+@dataclass
+class RunResult:
+    """The outcome of :func:`flair_nbddp.launch`.
+
+    Attributes:
+        value: rank 0's return value (a returned flair model arrives on CPU, ready to ``predict``).
+        status: ``"finished"``, ``"stopped"`` or ``"failed"``.
+        world_size: number of processes that ran.
+        device_type: ``"cuda"`` or ``"cpu"``.
+        backend: ``"nccl"`` or ``"gloo"``.
+        elapsed: seconds from launch to the end of the run.
+        time_to_first_batch: seconds from launch to rank 0's first finished training batch (None if none).
+        samples_per_second: training throughput summed over ranks (0.0 if nothing trained).
+        log: rank 0's output (flair's log lines), as shown in the cell.
+        metrics: every scalar flair recorded on rank 0, in order (``history`` filters by name).
+        ranks: the last word from each rank (pid, device, steps, throughput, memory, exit code).
+        seed: the seed every rank was given.
+        run_dir: the run's private directory; ``log_files`` maps rank → its full output there.
+        error: the failure, when ``status == "failed"``.
+
+    Example:
+        >>> result = launch(train, args=(corpus,))          # doctest: +SKIP
+        >>> result.value["test_score"], result.elapsed      # doctest: +SKIP
+        >>> result.history("dev/score")                     # doctest: +SKIP
+        [(1, 0.71), (2, 0.86)]
+    """
+
+    value: Any
+    status: str
+    world_size: int
+    device_type: str
+    backend: str
+    elapsed: float
+    time_to_first_batch: float | None
+    samples_per_second: float
+    log: str
+    metrics: list[MetricPoint]
+    ranks: list[RankInfo]
+    seed: int
+    run_dir: Path
+    log_files: dict[int, Path] = field(default_factory=dict)
+    error: WorkerError | None = None
+
+    def history(self, name: str) -> list[tuple[int, float]]:
+        """``(step, value)`` pairs of one metric, e.g. ``"train/loss"`` (per epoch) or ``"dev/score"``."""
+        return [(point.step, point.value) for point in self.metrics if point.name == name]
+
+    @property
+    def final_metrics(self) -> dict[str, float]:
+        """The last recorded value of every metric."""
+        return {point.name: point.value for point in self.metrics}
+
+    def _summary_lines(self) -> list[str]:
+        lines = [
+            f"{self.status} on {self.world_size} × {self.device_type} ({self.backend}) in {self.elapsed:.1f} s",
+        ]
+        if self.time_to_first_batch is not None:
+            lines.append(f"first batch after {self.time_to_first_batch:.1f} s, {self.samples_per_second:.1f} samples/s")
+        scores = {k: v for k, v in self.final_metrics.items() if k.endswith("score") or k == "train/loss"}
+        if scores:
+            lines.append(", ".join(f"{k} {v:.4f}" for k, v in sorted(scores.items())))
+        lines.append(f"value: {type(self.value).__name__}; logs: {self.run_dir}")
+        return lines
+
+    def __repr__(self) -> str:
+        return "RunResult(" + "; ".join(self._summary_lines()) + ")"
+
+    def _repr_html_(self) -> str:
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in self._summary_lines())
+        return f"<div class='nbddp-result'><b>flair_nbddp run</b><ul>{items}</ul></div>"

@@ -1,0 +1,207 @@
+"""What the parent knows about a run while it happens: filled by the reader thread, read by the UI.
+
+Every method takes the state's lock, so the reader thread can write while the cell (or a dashboard)
+reads a consistent ``snapshot()``.
+
+Example:
+    >>> from flair_nbddp.events import Progress
+    >>> state = RunState(world_size=2, device_type="cpu")
+    >>> state.apply(Progress(rank=0, epoch=1, max_epochs=2, batch=5, total_batches=10))
+    >>> state.snapshot().fraction_done
+    0.25
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field, replace
+
+from .events import Event, Failed, Finished, Heartbeat, Metric, Progress, ResultReady, Started
+
+STATUSES = ("starting", "running", "finished", "stopped", "failed")
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """One rank as last heard from."""
+
+    rank: int
+    pid: int | None = None
+    device: str = ""
+    alive: bool = True
+    step: int = 0
+    samples: int = 0
+    samples_per_second: float = 0.0
+    memory_bytes: int = 0
+    last_seen: float = 0.0
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    """One recorded scalar: flair's metric name, its value, and the step (batch or epoch) it belongs to."""
+
+    name: str
+    value: float
+    step: int
+    time: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A consistent copy of a run's state at one moment."""
+
+    status: str
+    world_size: int
+    device_type: str
+    started_at: float
+    ended_at: float | None
+    first_batch_at: float | None
+    epoch: int
+    max_epochs: int
+    batch: int
+    total_batches: int
+    ranks: tuple[RankInfo, ...]
+    metrics: tuple[MetricPoint, ...]
+    log_lines: tuple[str, ...]
+    failure: Failed | None
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the run started (until it ended, once it has)."""
+        return (self.ended_at or time.time()) - self.started_at
+
+    @property
+    def fraction_done(self) -> float:
+        """Share of all training batches done, 0.0 to 1.0 (0.0 before the first batch)."""
+        if not self.max_epochs or not self.total_batches:
+            return 1.0 if self.status == "finished" else 0.0
+        done = (self.epoch - 1) * self.total_batches + self.batch
+        return min(1.0, done / (self.max_epochs * self.total_batches))
+
+    @property
+    def eta(self) -> float | None:
+        """Estimated seconds to the end of training, from the pace since the first batch."""
+        fraction = self.fraction_done
+        if self.first_batch_at is None or not 0.0 < fraction < 1.0:
+            return None
+        spent = (self.ended_at or time.time()) - self.first_batch_at
+        return spent * (1.0 - fraction) / fraction
+
+    @property
+    def samples_per_second(self) -> float:
+        """Training throughput of the whole run: the sum over ranks."""
+        return sum(rank.samples_per_second for rank in self.ranks)
+
+
+@dataclass
+class RunState:
+    """Mutable, locked state of one run; ``apply`` takes events, ``snapshot`` gives a frozen copy."""
+
+    world_size: int
+    device_type: str
+    status: str = "starting"
+    started_at: float = field(default_factory=time.time)
+    ended_at: float | None = None
+    first_batch_at: float | None = None
+    epoch: int = 0
+    max_epochs: int = 0
+    batch: int = 0
+    total_batches: int = 0
+    result_path: str | None = None
+    failure: Failed | None = None
+    max_log_lines: int = 20_000
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ranks = [RankInfo(rank) for rank in range(self.world_size)]
+        self._metrics: list[MetricPoint] = []
+        self._log: list[str] = []
+        self._log_dropped = 0
+        self._finished_ranks: set[int] = set()
+        self.version = 0  # bumped on every change, so a UI can skip redraws when nothing happened
+
+    def apply(self, event: Event) -> None:
+        """Fold one worker event into the state."""
+        with self._lock:
+            self.version += 1
+            rank = self._ranks[event.rank]
+            if isinstance(event, Started):
+                self._ranks[event.rank] = replace(rank, pid=event.pid, device=event.device, last_seen=event.time)
+                if self.status == "starting" and all(r.pid is not None for r in self._ranks):
+                    self.status = "running"
+            elif isinstance(event, Heartbeat):
+                self._ranks[event.rank] = replace(
+                    rank,
+                    step=event.step,
+                    samples=event.samples,
+                    samples_per_second=event.samples_per_second,
+                    memory_bytes=event.memory_bytes,
+                    last_seen=event.time,
+                )
+            elif isinstance(event, Progress):
+                if self.first_batch_at is None:
+                    self.first_batch_at = event.time
+                self.epoch, self.max_epochs = event.epoch, event.max_epochs
+                self.batch, self.total_batches = event.batch, event.total_batches
+            elif isinstance(event, Metric):
+                self._metrics.append(MetricPoint(event.name, event.value, event.step, event.time))
+            elif isinstance(event, ResultReady):
+                self.result_path = event.path
+            elif isinstance(event, Failed):
+                self.failure = self.failure or event
+            elif isinstance(event, Finished):
+                self._finished_ranks.add(event.rank)
+
+    def add_log_lines(self, lines: list[str]) -> None:
+        """Append rank 0's output lines, keeping at most ``max_log_lines`` in memory (the file keeps all)."""
+        if not lines:
+            return
+        with self._lock:
+            self.version += 1
+            self._log.extend(lines)
+            overflow = len(self._log) - self.max_log_lines
+            if overflow > 0:
+                del self._log[:overflow]
+                self._log_dropped += overflow
+
+    def rank_exited(self, rank: int, exit_code: int | None) -> None:
+        """Record that a worker process is gone."""
+        with self._lock:
+            self.version += 1
+            self._ranks[rank] = replace(self._ranks[rank], alive=False, exit_code=exit_code)
+
+    def all_finished(self) -> bool:
+        """Every rank sent ``Finished``."""
+        with self._lock:
+            return len(self._finished_ranks) == self.world_size
+
+    def end(self, status: str) -> None:
+        """Mark the run as ended with ``status`` (one of finished, stopped, failed)."""
+        if status not in STATUSES[2:]:
+            raise ValueError(f"status={status!r} is not an end status")
+        with self._lock:
+            self.version += 1
+            self.status = status
+            self.ended_at = self.ended_at or time.time()
+
+    def snapshot(self) -> Snapshot:
+        """A frozen copy of everything, safe to read without the lock."""
+        with self._lock:
+            return Snapshot(
+                status=self.status,
+                world_size=self.world_size,
+                device_type=self.device_type,
+                started_at=self.started_at,
+                ended_at=self.ended_at,
+                first_batch_at=self.first_batch_at,
+                epoch=self.epoch,
+                max_epochs=self.max_epochs,
+                batch=self.batch,
+                total_batches=self.total_batches,
+                ranks=tuple(self._ranks),
+                metrics=tuple(self._metrics),
+                log_lines=tuple(self._log),
+                failure=self.failure,
+            )

@@ -1,0 +1,179 @@
+"""Multi-process tests: 2 CPU processes with gloo, as CI runs them."""
+
+import json
+import os
+import time
+
+import psutil
+import pytest
+
+import flair_nbddp
+from conftest import python_program
+from flair_nbddp import RunTimeoutError, WorkerError, launch, launch_distributed
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
+
+def _gone(result):
+    return all(not psutil.pid_exists(rank.pid) for rank in result.ranks if rank.pid)
+
+
+def test_notebook_function_trains_a_classifier_and_returns_a_usable_model(tmp_path, tiny_model_path):
+    """A function from a file-less __main__, a corpus built in the parent, multi_gpu=True on 2 ranks."""
+    out = python_program(
+        f"""
+import json
+import flair_nbddp
+from flair_nbddp.synthetic import sentiment_corpus
+from flair.data import Sentence
+
+corpus = sentiment_corpus(n_train=200, n_dev=40, n_test=40, seed=3)   # built here, shipped to the ranks
+label_type = "sentiment"
+
+def main(corpus, epochs):
+    import torch.distributed as dist
+    from flair.embeddings import TransformerDocumentEmbeddings
+    from flair.models import TextClassifier
+    from flair.trainers import ModelTrainer
+    model = TextClassifier(TransformerDocumentEmbeddings({tiny_model_path!r}, fine_tune=True),
+                           label_type=label_type,
+                           label_dictionary=corpus.make_label_dictionary(label_type, add_unk=False))
+    scores = ModelTrainer(model, corpus).fine_tune({str(tmp_path / "out")!r}, max_epochs=epochs,
+                                                   mini_batch_size=8, learning_rate=5e-3, multi_gpu=True)
+    print("rank", dist.get_rank(), "says goodbye")
+    return {{"score": scores["test_score"], "world": dist.get_world_size(), "model": model}}
+
+result = flair_nbddp.launch(main, args=(corpus,), kwargs={{"epochs": 4}})
+positive, negative = Sentence("a superb wonderful brilliant film"), Sentence("an awful boring dreadful plot")
+result.value["model"].predict([positive, negative])
+print(json.dumps({{
+    "score": result.value["score"], "world": result.value["world"], "status": result.status,
+    "predictions": [positive.get_label(label_type).value, negative.get_label(label_type).value],
+    "device": str(next(result.value["model"].parameters()).device),
+    "losses": [v for _, v in result.history("train/loss")],
+    "pids": [r.pid for r in result.ranks], "logs": {{str(k): str(v) for k, v in result.log_files.items()}},
+    "first_batch": result.time_to_first_batch, "sps": result.samples_per_second,
+}}))
+""",
+        timeout=600,
+    )
+    cell_output, report_line = out.rsplit("\n", 2)[0], out.strip().splitlines()[-1]
+    report = json.loads(report_line)
+    assert report["status"] == "finished" and report["world"] == 2
+    assert report["score"] >= 0.75, report  # learned: chance is 0.5
+    assert report["predictions"] == ["POSITIVE", "NEGATIVE"]
+    assert report["device"] == "cpu"
+    assert len(report["losses"]) == 4 and report["losses"][-1] < report["losses"][0]
+    assert report["first_batch"] > 0 and report["sps"] > 0
+    # rank 0's log reached the "cell"; rank 1's did not, but its file has it
+    assert "EPOCH 4 done" in cell_output and "rank 0 says goodbye" in cell_output
+    assert "rank 1 says goodbye" not in cell_output
+    assert "rank 1 says goodbye" in open(report["logs"]["1"]).read()
+    assert not any(psutil.pid_exists(pid) for pid in report["pids"])
+
+
+def _rank_and_payload(size):
+    import torch.distributed as dist
+
+    return dist.get_rank(), os.urandom(size)
+
+
+def test_five_megabyte_result_comes_back(capsys):
+    result = launch(_rank_and_payload, args=(5_000_000,))
+    rank, blob = result.value
+    assert rank == 0 and len(blob) == 5_000_000
+    assert result.status == "finished" and _gone(result)
+
+
+def _fail_on_rank_one():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        time.sleep(1)
+        raise ValueError("label column missing on this rank")
+    dist.barrier()  # rank 0 would wait here forever
+
+
+def test_failing_rank_raises_worker_error_naming_it_and_ends_the_others():
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as caught:
+        launch(_fail_on_rank_one, echo=False)
+    error = caught.value
+    assert error.rank == 1 and error.exc_type == "ValueError"
+    assert "label column missing" in str(error) and "_fail_on_rank_one" in error.remote_traceback
+    assert error.result.status == "failed" and _gone(error.result)
+    # failure happens ~1 s after start-up; we must not wait for a collective timeout
+    assert time.monotonic() - started < 60
+    failed_at = max(r.last_seen for r in error.result.ranks)
+    assert error.result.run_dir.exists() and error.result.elapsed - (failed_at - error.result.ranks[0].last_seen) < 60
+
+
+def _kill_self_on_rank_one():
+    import signal
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
+def test_rank_killed_by_a_signal_is_named():
+    with pytest.raises(WorkerError, match="rank 1 failed: the worker process was killed by signal SIGKILL"):
+        launch(_kill_self_on_rank_one, echo=False)
+
+
+def _train_without_multi_gpu(model_path):
+    from flair.embeddings import TransformerDocumentEmbeddings
+    from flair.models import TextClassifier
+    from flair.trainers import ModelTrainer
+
+    from flair_nbddp.synthetic import sentiment_corpus
+
+    corpus = sentiment_corpus(16, 4, 4)
+    model = TextClassifier(TransformerDocumentEmbeddings(model_path), label_type="sentiment",
+                           label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False))
+    ModelTrainer(model, corpus).train("unused", max_epochs=1)
+
+
+def test_forgetting_multi_gpu_stops_before_training(tiny_model_path):
+    with pytest.raises(WorkerError, match="without multi_gpu=True while 2 processes run"):
+        launch(_train_without_multi_gpu, args=(tiny_model_path,), echo=False)
+
+
+def test_timeout_ends_every_worker():
+    with pytest.raises(RunTimeoutError, match="timeout=8"):
+        launch(time.sleep, args=(600,), timeout=8, echo=False)
+
+
+def _world():
+    import torch.distributed as dist
+
+    return dist.get_rank(), dist.get_world_size(), os.environ["MASTER_PORT"]
+
+
+def test_two_launches_in_a_row_use_fresh_ports():
+    first, second = launch(_world, echo=False), launch(_world, echo=False)
+    assert first.value[:2] == second.value[:2] == (0, 2)
+    assert first.seed != second.seed or first.value[2] != second.value[2]
+    assert _gone(first) and _gone(second)
+
+
+def test_launch_distributed_is_a_drop_in_returning_rank_zero_value():
+    assert launch_distributed(_world)[:2] == (0, 2)
+
+
+def test_non_callable_is_refused_before_any_process_starts():
+    with pytest.raises(TypeError, match="fn must be callable"):
+        launch("train.py")
+
+
+def test_run_directory_and_logs_are_private():
+    result = launch(_world, echo=False)
+    assert oct(os.stat(result.run_dir).st_mode & 0o777) == "0o700"
+    assert all(oct(os.stat(p).st_mode & 0o777) == "0o600" for p in result.log_files.values())
+    assert not (result.run_dir / "payload.pkl").exists() and not (result.run_dir / "result.pkl").exists()
+
+
+def test_package_exports_the_public_api():
+    assert set(flair_nbddp.__all__) >= {"launch", "launch_distributed", "RunResult", "WorkerError"}

@@ -1,0 +1,84 @@
+import json
+import os
+import stat
+import threading
+
+import pytest
+
+from conftest import python_program
+from flair_nbddp import payload
+
+
+def test_function_from_a_fileless_main_travels_by_value(tmp_path):
+    path = tmp_path / "payload.pkl"
+    python_program(
+        f"""
+from flair_nbddp.payload import write_payload
+offset = 10
+class Box:
+    def __init__(self, v): self.v = v
+def notebook_fn(x, scale=1):
+    return Box((x + offset) * scale).v
+write_payload({str(path)!r}, notebook_fn, (5,), {{"scale": 3}})
+"""
+    )
+    out = python_program(
+        f"""
+from flair_nbddp.payload import read_payload
+fn, args, kwargs = read_payload({str(path)!r})
+print(fn(*args, **kwargs))
+"""
+    )
+    assert out.strip() == "45"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+def test_unpicklable_argument_is_named_before_anything_starts(tmp_path):
+    with pytest.raises(payload.ShippingError, match=r"keyword argument 'guard' \(lock\)"):
+        payload.write_payload(tmp_path / "p.pkl", print, (1, 2), {"guard": threading.Lock()})
+    assert not (tmp_path / "p.pkl").exists()
+
+
+def test_unpicklable_result_names_its_type(tmp_path):
+    with pytest.raises(payload.ShippingError, match="returned a generator"):
+        payload.write_result(tmp_path / "r.pkl", (i for i in range(3)))
+
+
+def test_payload_write_failure_names_the_path(tmp_path):
+    target = tmp_path / "missing-dir" / "payload.pkl"
+    with pytest.raises(OSError, match="cannot write the run's payload"):
+        payload.write_payload(target, print, (), {})
+
+
+def test_flair_model_travels_through_flair_save_and_arrives_on_cpu(tmp_path, tiny_model_path):
+    import torch
+    from flair.data import Sentence
+    from flair.embeddings import TransformerDocumentEmbeddings
+    from flair.models import TextClassifier
+
+    from flair_nbddp.synthetic import sentiment_corpus
+
+    corpus = sentiment_corpus(8, 2, 2)
+    model = TextClassifier(
+        TransformerDocumentEmbeddings(tiny_model_path, fine_tune=True),
+        label_type="sentiment",
+        label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False),
+    )
+    payload.write_result(tmp_path / "r.pkl", {"model": model, "note": "x"})
+    back = payload.read_result(tmp_path / "r.pkl")
+    assert back["note"] == "x" and type(back["model"]) is TextClassifier
+    assert next(back["model"].parameters()).device == torch.device("cpu")
+    for a, b in zip(model.state_dict().values(), back["model"].state_dict().values()):
+        assert torch.equal(a.cpu(), b)
+    original, copy = Sentence("a superb film"), Sentence("a superb film")
+    model.eval()
+    model.predict(original, return_probabilities_for_all_classes=True)
+    back["model"].predict(copy, return_probabilities_for_all_classes=True)
+    assert [(l.value, round(l.score, 5)) for l in original.labels] == [(l.value, round(l.score, 5)) for l in copy.labels]
+
+
+def test_result_round_trip_of_plain_data(tmp_path):
+    value = {"scores": [0.5, 0.75], "text": "é" * 10}
+    payload.write_result(tmp_path / "r.pkl", value)
+    assert payload.read_result(tmp_path / "r.pkl") == value
+    assert json.dumps(value)  # sanity: plain data stays plain
