@@ -5,19 +5,31 @@ Example:
     >>> scores = launch_distributed(train, corpus)            # doctest: +SKIP
 """
 
-from .errors import RunTimeoutError, WorkerError
-from .launcher import Run, launch, launch_distributed
+from typing import Any
+
+from .errors import RunHangError, RunTimeoutError, WorkerError
+from .launcher import Run, launch, launch_distributed, runs
 from .payload import CorpusMismatchError, ShippingError
 from .result import RunResult
 
 __all__ = [
     "CorpusMismatchError",
     "Run",
+    "RunHangError",
     "RunResult",
     "RunTimeoutError",
     "ShippingError",
     "WorkerError",
     "launch",
     "launch_distributed",
+    "load_ipython_extension",
+    "runs",
 ]
 __version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext flair_nbddp``: registers ``%%ddp_train`` and ``%ddp_info``."""
+    from .magic import DdpMagics
+
+    ipython.register_magics(DdpMagics)

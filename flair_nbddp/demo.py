@@ -87,7 +87,6 @@ def run_demo(
         kwargs={"label_type": label_type, "max_epochs": epochs, "learning_rate": learning_rate},
         processes=processes,
         device=device,
-        echo=False,
     )
     from flair.data import Sentence
 

@@ -47,9 +47,11 @@ class DevicePlan:
             "LOCAL_WORLD_SIZE": str(self.world_size),
             "PYTHONUNBUFFERED": "1",
         }
+        # keep every connection between ranks on loopback (unless the user chose an interface)
+        env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
+        env["NCCL_SOCKET_IFNAME"] = os.environ.get("NCCL_SOCKET_IFNAME", "lo")
         if self.device_type == "cpu":
-            # keep gloo's peer connections on loopback, and one process per core from oversubscribing
-            env["GLOO_SOCKET_IFNAME"] = "lo"
+            # one process per core share: keep the ranks from oversubscribing the CPU
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.world_size)))
         return env
 
@@ -122,8 +124,13 @@ def resolve_devices(device: str | None = None, processes: int | None = None) -> 
     return DevicePlan("cpu", processes or DEFAULT_CPU_PROCESSES, "gloo")
 
 
-def free_loopback_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def rendezvous_socket() -> socket.socket:
+    """A listening TCP socket on 127.0.0.1 at a free port, for rank 0's rendezvous store.
+
+    Rank 0 inherits it (``TCPStore(master_listen_fd=...)``), so the store listens on loopback only and
+    no other process can take the port between choosing and binding it.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return sock

@@ -61,3 +61,7 @@ class WorkerError(RuntimeError):
 
 class RunTimeoutError(TimeoutError):
     """The run took longer than its ``timeout``; every worker was ended."""
+
+
+class RunHangError(RuntimeError):
+    """No rank made progress for ``hang_timeout`` seconds; the message holds every rank's Python stack."""

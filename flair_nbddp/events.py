@@ -68,6 +68,14 @@ class Heartbeat(Event):
     samples: int
     samples_per_second: float
     memory_bytes: int
+    activity: int = 0  # a hash of the main thread's call stack: unchanged for long means stuck
+
+
+@dataclass(frozen=True)
+class Stopped(Event):
+    """The ranks agreed to stop at a batch boundary; rank 0 names where the model is saved."""
+
+    checkpoint: str
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,10 @@ class Failed(Event):
 @dataclass(frozen=True)
 class Finished(Event):
     """A rank returned from the function and left its process group."""
+
+
+STOP = "stop"  # the parent's request, sent down the same channel: stop gracefully at the next batch
+STOP_REQUESTED = threading.Event()  # in a worker: set once the parent sent STOP
 
 
 class EventSender:

@@ -6,20 +6,27 @@
 * :func:`instrument_trainer`: every ``train``/``fine_tune``/``train_custom`` call gets a fresh
   :class:`StreamingPlugin`, and a call that forgets ``multi_gpu=True`` while several processes run
   is stopped before every rank trains the whole corpus on its own.
+* Graceful stop: once the parent asks, all ranks agree at the end of the same batch and raise flair's
+  own ``TrainingInterrupt``, so flair saves ``final-model.pt`` and finishes as after Ctrl+C in a script.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import flair
 import torch
+import torch.distributed as dist
 from flair.trainers.plugins import TrainerPlugin
+from flair.trainers.plugins.base import TrainingInterrupt
 from flair.trainers.plugins.metric_records import MetricRecord
 
-from .events import EventSender, Metric, Progress
+from .events import STOP_REQUESTED, EventSender, Metric, Progress, Stopped
+
+SAVED_MODELS: list[Path] = []  # model files flair wrote in this process, newest last
 
 
 class MissingMultiGpuError(RuntimeError):
@@ -49,20 +56,33 @@ class TrainingCounters:
         return self.samples / self.training_seconds if self.training_seconds else 0.0
 
 
-class StreamingPlugin(TrainerPlugin):
-    """Streams progress and metrics (rank 0) and counts throughput (every rank).
+def _all_ranks_agree_to_stop() -> bool:
+    """One tiny all-reduce per batch: stop when any rank was asked, so every rank stops at the same batch."""
+    wanted = STOP_REQUESTED.is_set()
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return wanted
+    device = flair.device if dist.get_backend() == "nccl" else torch.device("cpu")
+    flag = torch.tensor([1 if wanted else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
-    It sends events only, never starts a collective, so it is safe on rank 0 alone.
+
+class StreamingPlugin(TrainerPlugin):
+    """Streams progress and metrics (rank 0), counts throughput and handles a graceful stop (every rank).
+
+    Its only collective is the stop agreement, which every rank joins at the same point of every batch.
     """
 
     def __init__(self, sender: EventSender, rank: int, counters: TrainingCounters) -> None:
         super().__init__()
         self._sender, self._rank, self._counters = sender, rank, counters
         self._max_epochs = 0
+        self._base_path = Path(".")
+        self._saves_final_model = True
 
     @TrainerPlugin.hook
-    def after_setup(self, max_epochs: int = 0, **_: Any) -> None:
-        self._max_epochs = max_epochs
+    def after_setup(self, max_epochs: int = 0, base_path: Any = ".", save_final_model: bool = True, **_: Any):
+        self._max_epochs, self._base_path, self._saves_final_model = max_epochs, Path(base_path), save_final_model
 
     @TrainerPlugin.hook
     def before_training_batch(self, **_: Any) -> None:
@@ -73,12 +93,30 @@ class StreamingPlugin(TrainerPlugin):
         self._counters.batch_done(len(batch))
         if self._rank == 0:
             self._sender.send(Progress(0, epoch, self._max_epochs, batch_no + 1, total_number_of_batches))
+        if _all_ranks_agree_to_stop():
+            self._stop(epoch, batch_no + 1)
+
+    def _stop(self, epoch: int, batch: int) -> None:
+        if self._saves_final_model:
+            checkpoint = self._base_path / "final-model.pt"  # flair saves it on TrainingInterrupt
+        else:
+            checkpoint = self._base_path / "stopped-model.pt"
+            if self._rank == 0:
+                self.model.save(checkpoint)
+        if self._rank == 0:
+            self._sender.send(Stopped(0, str(checkpoint)))
+        raise TrainingInterrupt(f"stopped from the notebook after epoch {epoch}, batch {batch}; model: {checkpoint}")
+
+    @TrainerPlugin.hook
+    def after_training(self, **_: Any) -> None:
+        for name in ("final-model.pt", "best-model.pt", "stopped-model.pt"):
+            path = self._base_path / name
+            if path.exists() and path not in SAVED_MODELS:
+                SAVED_MODELS.append(path)
 
     @TrainerPlugin.hook
     def metric_recorded(self, record: MetricRecord) -> None:
-        if self._rank != 0:
-            return
-        if record.is_histogram:
+        if self._rank != 0 or record.is_histogram:
             return
         # flair records an evaluation's main score as a "string" record holding a float
         values = record.value if record.is_scalar_list else [record.value]

@@ -1,10 +1,11 @@
-"""Starting, watching and ending the worker processes of a run; ``launch`` and ``launch_distributed``.
+"""Starting, watching, stopping and ending the worker processes of a run; ``launch`` and ``launch_distributed``.
 
 One :class:`Run` per launch. The parent packs the call once into the run's private directory, starts
 one ``python -m flair_nbddp.worker`` per rank in its own session (a kernel interrupt reaches only the
-kernel, which then ends the workers), and one supervisor thread drains every rank's events and the
-tail of rank 0's log into a :class:`~flair_nbddp.state.RunState`. The supervisor ends every rank as
-soon as one fails, so no rank is left waiting in a collective.
+kernel, which then stops the workers itself), and one supervisor thread drains every rank's events and
+the tail of rank 0's log into a :class:`~flair_nbddp.state.RunState`. The supervisor ends every rank
+as soon as one fails, enforces the stop grace period, the timeout and the hang watchdog, so no rank is
+ever left waiting in a collective.
 """
 
 from __future__ import annotations
@@ -26,15 +27,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import payload
-from .devices import DevicePlan, free_loopback_port, resolve_devices
-from .errors import RunTimeoutError, WorkerError, describe_exit
-from .events import Failed, Finished
+from .devices import DevicePlan, rendezvous_socket, resolve_devices
+from .errors import RunHangError, RunTimeoutError, WorkerError, describe_exit
+from .events import STOP, Failed
 from .result import RunResult
 from .state import RunState
 
 RUNS_ENV = "FLAIR_NBDDP_RUNS"
 TERMINATE_GRACE_SECONDS = 3.0
+DEFAULT_STOP_TIMEOUT = 30.0
+DEFAULT_HANG_TIMEOUT = 300.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+_RUNS: list[Run] = []  # every run started in this process, oldest first (for %ddp_info)
 
 
 def runs_root() -> Path:
@@ -67,14 +71,14 @@ class _LogTail:
 
 
 class Run:
-    """One distributed execution of ``fn(*args, **kwargs)``: start it, watch it, end it.
+    """One distributed execution of ``fn(*args, **kwargs)``: start it, watch it, stop it, end it.
 
     Most users call :func:`launch`; a ``Run`` is for code that must not block (a widget panel)::
 
-        run = Run(train, (corpus,), {}, resolve_devices("cpu", 2))
-        run.start()
+        run = Run(train, (corpus,), {}, resolve_devices("cpu", 2)).start()
         run.state.snapshot().status      # "starting", "running", ...
-        result = run.wait()              # RunResult, also when the run failed
+        run.stop()                       # graceful: every rank stops after the same batch
+        result = run.wait()              # RunResult, also when the run failed or was stopped
     """
 
     def __init__(
@@ -86,13 +90,15 @@ class Run:
         *,
         seed: int | None = None,
         timeout: float | None = None,
+        stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+        hang_timeout: float | None = DEFAULT_HANG_TIMEOUT,
         run_dir: str | Path | None = None,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"fn must be callable (a function to run on every rank), not {type(fn).__name__}")
         self.fn, self.args, self.kwargs, self.plan = fn, tuple(args), dict(kwargs or {}), plan
         self.seed = random.randrange(2**31) if seed is None else int(seed)
-        self.timeout = timeout
+        self.timeout, self.stop_timeout, self.hang_timeout = timeout, stop_timeout, hang_timeout
         self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="run-", dir=runs_root()))
         self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.state = RunState(world_size=plan.world_size, device_type=plan.device_type)
@@ -103,7 +109,9 @@ class Run:
         self._processes: list[subprocess.Popen] = []
         self._connections: dict[Connection, int] = {}
         self._done = threading.Event()
-        self._timed_out = False
+        self._ended_by: str | None = None  # "timeout", "hang" or "stop" when the supervisor ended the workers
+        self._stop_deadline: float | None = None
+        self._stacks: dict[int, str] = {}
         self._terminating = False
         self._first_death: int | None = None  # the rank that died on its own before we ended anyone
         self._terminate_lock = threading.Lock()
@@ -112,28 +120,48 @@ class Run:
 
     # -- starting ---------------------------------------------------------------------------------
     def start(self) -> Run:
-        """Pack the call, start one worker per rank and the supervisor thread; returns at once."""
+        """Pack the call, start one worker per rank and the supervisor thread; returns at once.
+
+        Raises:
+            RuntimeError: another run of this process is still active (runs share the devices).
+            ShippingError: ``fn`` or an argument cannot be pickled (nothing was started).
+        """
+        active = [run for run in _RUNS if run.active]
+        if active:
+            since = time.strftime("%H:%M:%S", time.localtime(active[0].state.started_at))
+            raise RuntimeError(
+                f"another run is still active in this kernel (started {since}, status "
+                f"{active[0].state.snapshot().status}); both would compete for the same devices. "
+                "Wait for it to end, or stop it first (run.stop() or the dashboard's Stop)."
+            )
         payload.write_payload(self._payload_path, self.fn, self.args, self.kwargs)
-        port = free_loopback_port()
-        try:
-            for rank in range(self.plan.world_size):
-                self._spawn(rank, port)
-        except BaseException:
-            self._terminate_workers()
-            raise
+        with rendezvous_socket() as listener:
+            try:
+                for rank in range(self.plan.world_size):
+                    self._spawn(rank, listener)
+            except BaseException:
+                self._terminate_workers()
+                raise
         self._supervisor = threading.Thread(target=self._supervise, name="flair_nbddp-supervisor", daemon=True)
         self._supervisor.start()
+        _RUNS.append(self)
         return self
 
-    def _spawn(self, rank: int, port: int) -> None:
+    def _spawn(self, rank: int, listener: socket.socket) -> None:
         parent_end, child_end = socket.socketpair()
+        port = listener.getsockname()[1]
+        inherited = [child_end.fileno()] + ([listener.fileno()] if rank == 0 else [])
         spec = {
             "rank": rank,
             "world_size": self.plan.world_size,
             "device": self.plan.device_for(rank),
             "backend": self.plan.backend,
+            "port": port,
+            "listen_fd": listener.fileno() if rank == 0 else None,
+            "rendezvous_timeout": 600,
             "payload": str(self._payload_path),
             "result": str(self._result_path),
+            "stacks": str(self.run_dir / f"stacks-rank{rank}.txt"),
             "seed": self.seed,
             "sys_path": [entry for entry in sys.path if entry],
             "fd": child_end.fileno(),
@@ -148,7 +176,7 @@ class Run:
                 stdout=log_fd,
                 stderr=subprocess.STDOUT,
                 env=env,
-                pass_fds=(child_end.fileno(),),
+                pass_fds=inherited,
                 start_new_session=True,
             )
         finally:
@@ -162,7 +190,6 @@ class Run:
     # -- watching ---------------------------------------------------------------------------------
     def _supervise(self) -> None:
         tail = _LogTail(self.log_files[0])
-        deadline = None if self.timeout is None else self.state.started_at + self.timeout
         open_connections = dict(self._connections)
         while open_connections:
             for connection in wait(list(open_connections), timeout=0.1):
@@ -176,11 +203,36 @@ class Run:
                     self._blame_signal_deaths()
                     self._terminate_workers()
             self._publish_log(tail.read_lines())
-            if deadline is not None and time.time() > deadline and not self._timed_out:
-                self._timed_out = True
-                self._terminate_workers()
+            self._enforce_limits()
         self._publish_log(tail.read_lines(final=True))
         self._done.set()
+
+    def _enforce_limits(self) -> None:
+        """End the run when its timeout, the stop grace period or the hang watchdog says so."""
+        if self._ended_by is not None:
+            return
+        now = time.time()
+        if self.timeout is not None and now > self.state.started_at + self.timeout:
+            self._ended_by = "timeout"
+        elif self._stop_deadline is not None and time.monotonic() > self._stop_deadline:
+            self._ended_by = "stop"
+        elif self.hang_timeout is not None:
+            alive = [rank for rank in self.state.snapshot().ranks if rank.alive]
+            if alive and all(now - rank.last_progress > self.hang_timeout for rank in alive):
+                self._collect_stacks()
+                self._ended_by = "hang"
+        if self._ended_by is not None:
+            self._terminate_workers()
+
+    def _collect_stacks(self) -> None:
+        """Ask every rank for its Python stacks (faulthandler on SIGUSR1) and read them back."""
+        for process in self._processes:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        for rank in range(self.plan.world_size):
+            with contextlib.suppress(FileNotFoundError):
+                self._stacks[rank] = (self.run_dir / f"stacks-rank{rank}.txt").read_text()
 
     def _publish_log(self, lines: list[str]) -> None:
         self.state.add_log_lines(lines)
@@ -208,7 +260,26 @@ class Run:
                 self._first_death = rank
                 self.state.rank_exited(rank, exit_code)
 
-    # -- ending -----------------------------------------------------------------------------------
+    # -- stopping and ending ----------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask every rank to stop gracefully after the current batch; returns at once.
+
+        flair then saves ``final-model.pt`` in its ``base_path`` (the result's ``checkpoint``), runs its
+        final evaluation and returns. Ranks not inside flair training by ``stop_timeout`` seconds are ended.
+        """
+        if self._stop_deadline is not None or self._done.is_set():
+            return
+        self._stop_deadline = time.monotonic() + self.stop_timeout
+        self.state.request_stop()
+        for connection in self._connections:
+            with contextlib.suppress(OSError):
+                connection.send(STOP)
+
+    @property
+    def active(self) -> bool:
+        """True from ``start()`` until every worker is gone and the result is collected."""
+        return self._supervisor is not None and self._result is None and self.state.ended_at is None
+
     @staticmethod
     def _kill_group(process: subprocess.Popen, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -231,8 +302,13 @@ class Run:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(timeout=grace)
 
-    def _first_failure(self) -> WorkerError | None:
+    def _first_failure(self) -> Exception | None:
         snapshot = self.state.snapshot()
+        if self._ended_by == "timeout":
+            return RunTimeoutError(f"the run exceeded timeout={self.timeout} s and every worker was ended; "
+                                   f"logs: {self.run_dir}")
+        if self._ended_by == "hang":
+            return self._hang_error(snapshot)
         if self._first_death is not None:
             dead = snapshot.ranks[self._first_death]
             return WorkerError(
@@ -241,29 +317,50 @@ class Run:
             )
         if snapshot.failure is not None:
             failure = snapshot.failure
-            exit_code = snapshot.ranks[failure.rank].exit_code
             return WorkerError(
-                failure.rank, failure.exc_type, failure.message, failure.traceback, exit_code,
-                str(self.log_files[failure.rank]),
+                failure.rank, failure.exc_type, failure.message, failure.traceback,
+                snapshot.ranks[failure.rank].exit_code, str(self.log_files[failure.rank]),
             )
+        if self._ended_by == "stop":
+            return None
         if not self.state.all_finished() or self.state.result_path is None:
             return WorkerError(0, "", "the workers exited without returning a result", log_path=str(self.log_files[0]))
         return None
 
+    def _hang_error(self, snapshot: Any) -> RunHangError:
+        stuck = min(snapshot.ranks, key=lambda rank: rank.last_progress)
+        stacks = "\n".join(f"--- rank {rank} ---\n{text.strip()}" for rank, text in sorted(self._stacks.items()))
+        return RunHangError(
+            f"no rank made progress for {self.hang_timeout:.0f} s (rank {stuck.rank} stalled first, at step "
+            f"{stuck.step}); every worker was ended. Python stacks at that moment:\n{stacks}\n"
+            f"Raise hang_timeout= if a step can legitimately take that long. Logs: {self.run_dir}"
+        )
+
     def wait(self, echo: bool = False) -> RunResult:
         """Block until the run ends; with ``echo``, print rank 0's output lines as they arrive.
 
-        A ``KeyboardInterrupt`` (the kernel's Interrupt) ends every worker before it propagates.
+        A first ``KeyboardInterrupt`` (the kernel's Interrupt) stops the run gracefully and keeps waiting;
+        a second one ends every worker at once and propagates.
         """
-        try:
-            while not self._done.wait(0.1):
-                self._echo(echo)
-        except BaseException:
-            self._terminate_workers(grace=1.0)
-            self._done.wait(TERMINATE_GRACE_SECONDS * 2)
-            self.state.end("stopped")
-            self._cleanup()
-            raise
+        while True:
+            try:
+                while not self._done.wait(0.1):
+                    self._echo(echo)
+                break
+            except KeyboardInterrupt:
+                if self._stop_deadline is None:
+                    print(
+                        "flair_nbddp: stopping after the current batch on every rank and saving the model "
+                        "(interrupt again to end the workers now)",
+                        flush=True,
+                    )
+                    self.stop()
+                    continue
+                self._terminate_workers(grace=1.0)
+                self._done.wait(TERMINATE_GRACE_SECONDS * 2)
+                self._ended_by = self._ended_by or "stop"
+                self._finish()
+                raise
         self._echo(echo)
         return self._finish()
 
@@ -280,12 +377,11 @@ class Run:
         if self._result is not None:
             return self._result
         error = self._first_failure()
+        stopped = error is None and (self._ended_by == "stop" or self.state.stop_requested)
         value = None
-        if self._timed_out:
-            error = None
-        elif error is None:
+        if error is None and self.state.result_path is not None:
             value = payload.read_result(self._result_path)
-        self.state.end("failed" if error or self._timed_out else "finished")
+        self.state.end("failed" if error else "stopped" if stopped else "finished")
         self._cleanup()
         snapshot = self.state.snapshot()
         self._result = RunResult(
@@ -305,6 +401,7 @@ class Run:
             seed=self.seed,
             run_dir=self.run_dir,
             log_files=dict(self.log_files),
+            checkpoint=Path(snapshot.checkpoint) if snapshot.checkpoint else None,
             error=error,
         )
         if error is not None:
@@ -319,10 +416,10 @@ class Run:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
-    @property
-    def timed_out(self) -> bool:
-        """True if the run was ended because it exceeded its ``timeout``."""
-        return self._timed_out
+
+def runs() -> list[Run]:
+    """Every run started in this process (this kernel), oldest first."""
+    return list(_RUNS)
 
 
 def launch(
@@ -333,8 +430,10 @@ def launch(
     processes: int | None = None,
     device: str | None = None,
     timeout: float | None = None,
+    stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+    hang_timeout: float | None = DEFAULT_HANG_TIMEOUT,
     seed: int | None = None,
-    echo: bool = True,
+    dashboard: bool | None = None,
     run_dir: str | Path | None = None,
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on one process per device and return a :class:`RunResult`.
@@ -342,6 +441,10 @@ def launch(
     ``fn`` may be defined in a notebook cell, close over notebook variables, and receive a flair corpus
     built in the notebook; it runs inside an initialised process group, so flair's
     ``.train(..., multi_gpu=True)`` works in it.
+
+    Interrupting the kernel (or ``Stop``) stops gracefully: every rank stops after the same batch, flair
+    saves ``final-model.pt``, and ``launch`` *returns* a result with ``status == "stopped"`` and its
+    ``checkpoint``. A second interrupt ends the workers at once and raises ``KeyboardInterrupt``.
 
     Args:
         fn: the function every rank runs.
@@ -351,13 +454,17 @@ def launch(
         device: ``"cuda"`` (NCCL), ``"cpu"`` (gloo), or None for CUDA when GPUs are visible
             (or ``$FLAIR_NBDDP_DEVICE``).
         timeout: seconds after which the run is ended and :class:`RunTimeoutError` raised.
+        stop_timeout: seconds a graceful stop may take before the workers are ended.
+        hang_timeout: seconds without progress on any rank (no training step, an unchanged call stack)
+            after which the run is ended with :class:`RunHangError` showing every rank's stack; None: off.
         seed: the seed given to every rank (``flair.set_seed``); random if None, and kept in the result.
-        echo: print rank 0's output in the cell as it happens.
+        dashboard: None shows the live widget dashboard in a notebook (plain progress lines and rank 0's
+            log elsewhere); True insists on the widget; False shows nothing but rank 0's log lines.
         run_dir: where logs go; default a new private directory under :func:`runs_root`.
 
     Raises:
         WorkerError: a rank failed (``.rank``, the remote traceback, ``.result`` with the logs).
-        RunTimeoutError: the run exceeded ``timeout``.
+        RunTimeoutError, RunHangError: the run exceeded ``timeout`` / made no progress.
         ShippingError: ``fn`` or an argument cannot be sent to the workers (names which one).
         ValueError: impossible devices or process counts.
 
@@ -369,13 +476,21 @@ def launch(
         >>> result.value["test_score"], result.world_size                # doctest: +SKIP
         (0.91, 2)
     """
+    from .dashboard import open_view
+
     plan = resolve_devices(device, processes)
-    run = Run(fn, args, kwargs or {}, plan, seed=seed, timeout=timeout, run_dir=run_dir).start()
-    result = run.wait(echo=echo)
-    if run.timed_out:
-        raise RunTimeoutError(
-            f"the run exceeded timeout={timeout} s and every worker was ended; logs: {run.run_dir}"
-        )
+    run = Run(
+        fn, args, kwargs or {}, plan, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
+        hang_timeout=hang_timeout, run_dir=run_dir,
+    ).start()
+    view = open_view(run, dashboard)
+    view.start()
+    try:
+        result = run.wait(echo=view.echo_logs)
+    except BaseException as error:
+        view.finish(None, error)
+        raise
+    view.finish(result, result.error)
     if result.error is not None:
         raise result.error
     return result

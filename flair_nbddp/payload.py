@@ -14,7 +14,7 @@ The payload is written once to a file that every rank reads; it is never sent on
 Example:
     >>> import tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "payload.pkl")
-    >>> write_payload(path, divmod, (7, 2), {})
+    >>> size = write_payload(path, divmod, (7, 2), {})
     >>> fn, args, kwargs = read_payload(path)
     >>> fn(*args, **kwargs)
     (3, 1)
@@ -109,20 +109,68 @@ def dumps(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
+def _pickles(obj: Any) -> Exception | None:
+    try:
+        dumps(obj)
+    except Exception as error:  # noqa: BLE001 - any pickling failure is what we look for
+        return error
+    return None
+
+
+def _children(obj: Any) -> list[tuple[str, Any]]:
+    if isinstance(obj, dict):
+        return [(f"[{key!r}]", value) for key, value in obj.items()]
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [(f"[{index}]", value) for index, value in enumerate(obj)]
+    attributes = dict(getattr(obj, "__dict__", None) or {})
+    for slot in getattr(type(obj), "__slots__", ()):
+        if hasattr(obj, slot):
+            attributes[slot] = getattr(obj, slot)
+    return [(f".{name}", value) for name, value in attributes.items()]
+
+
+def find_unpicklable(obj: Any, path: str = "", depth: int = 6) -> tuple[str, Any, Exception] | None:
+    """The deepest part of ``obj`` that cannot be pickled: ``(path, part, error)``, or None if all of it can.
+
+    Example:
+        >>> import threading
+        >>> path, part, _ = find_unpicklable({"cfg": {"lock": threading.Lock()}})
+        >>> path, type(part).__name__
+        ("['cfg']['lock']", 'lock')
+    """
+    error = _pickles(obj)
+    if error is None:
+        return None
+    if depth > 0:
+        for suffix, child in _children(obj):
+            found = find_unpicklable(child, path + suffix, depth - 1)
+            if found is not None:
+                return found
+    return path, obj, error
+
+
+def describe_unpicklable(label: str, obj: Any, where: str = "the training function") -> str | None:
+    """A sentence naming what in ``obj`` cannot be shipped and how to fix it, or None if it all pickles."""
+    found = find_unpicklable(obj)
+    if found is None:
+        return None
+    path, part, error = found
+    inner = f": its part {label}{path} is a {type(part).__name__}" if path else ""
+    return (
+        f"{label} ({type(obj).__name__}) cannot be sent to the worker processes{inner} that cannot be pickled "
+        f"({type(error).__name__}: {error}). Build it inside {where} instead, or pass what it is made from."
+    )
+
+
 def _describe_failure(fn: Callable, args: tuple, kwargs: dict, error: Exception) -> str:
     """Name the piece of the call that cannot be pickled (checked one by one only after a failure)."""
     pieces = [("the function", fn)]
-    pieces += [(f"positional argument {i}", arg) for i, arg in enumerate(args)]
-    pieces += [(f"keyword argument {name!r}", value) for name, value in kwargs.items()]
+    pieces += [(f"argument {i}", arg) for i, arg in enumerate(args)]
+    pieces += [(name, value) for name, value in kwargs.items()]
     for label, piece in pieces:
-        try:
-            dumps(piece)
-        except Exception as piece_error:  # noqa: BLE001 - any pickling failure is what we look for
-            return (
-                f"{label} ({type(piece).__name__}) cannot be sent to the worker processes: "
-                f"{type(piece_error).__name__}: {piece_error}. Build it inside the training function instead, "
-                "or pass what it is made from."
-            )
+        message = describe_unpicklable(label, piece)
+        if message:
+            return message
     return f"the call cannot be sent to the worker processes: {type(error).__name__}: {error}"
 
 

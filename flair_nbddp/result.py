@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import WorkerError
 from .state import MetricPoint, RankInfo
 
 
@@ -29,7 +28,8 @@ class RunResult:
         ranks: the last word from each rank (pid, device, steps, throughput, memory, exit code).
         seed: the seed every rank was given.
         run_dir: the run's private directory; ``log_files`` maps rank → its full output there.
-        error: the failure, when ``status == "failed"``.
+        checkpoint: where the model was saved when the run was stopped (``status == "stopped"``).
+        error: the failure (WorkerError, RunTimeoutError, RunHangError) when ``status == "failed"``.
 
     Example:
         >>> result = launch(train, args=(corpus,))          # doctest: +SKIP
@@ -52,7 +52,8 @@ class RunResult:
     seed: int
     run_dir: Path
     log_files: dict[int, Path] = field(default_factory=dict)
-    error: WorkerError | None = None
+    checkpoint: Path | None = None
+    error: Exception | None = None
 
     def history(self, name: str) -> list[tuple[int, float]]:
         """``(step, value)`` pairs of one metric, e.g. ``"train/loss"`` (per epoch) or ``"dev/score"``."""
@@ -72,6 +73,8 @@ class RunResult:
         scores = {k: v for k, v in self.final_metrics.items() if k.endswith("score") or k == "train/loss"}
         if scores:
             lines.append(", ".join(f"{k} {v:.4f}" for k, v in sorted(scores.items())))
+        if self.checkpoint is not None:
+            lines.append(f"model saved at {self.checkpoint}")
         lines.append(f"value: {type(self.value).__name__}; logs: {self.run_dir}")
         return lines
 

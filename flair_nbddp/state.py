@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from .events import Event, Failed, Finished, Heartbeat, Metric, Progress, ResultReady, Started
+from .events import Event, Failed, Finished, Heartbeat, Metric, Progress, ResultReady, Started, Stopped
 
 STATUSES = ("starting", "running", "finished", "stopped", "failed")
 
@@ -34,7 +34,9 @@ class RankInfo:
     samples: int = 0
     samples_per_second: float = 0.0
     memory_bytes: int = 0
+    activity: int = 0
     last_seen: float = 0.0
+    last_progress: float = 0.0  # when its step or its call stack last changed
     exit_code: int | None = None
 
 
@@ -66,6 +68,8 @@ class Snapshot:
     metrics: tuple[MetricPoint, ...]
     log_lines: tuple[str, ...]
     failure: Failed | None
+    stop_requested: bool
+    checkpoint: str | None
 
     @property
     def elapsed(self) -> float:
@@ -111,11 +115,15 @@ class RunState:
     total_batches: int = 0
     result_path: str | None = None
     failure: Failed | None = None
+    stop_requested: bool = False
+    checkpoint: str | None = None
     max_log_lines: int = 20_000
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
-        self._ranks = [RankInfo(rank) for rank in range(self.world_size)]
+        self._ranks = [
+            RankInfo(rank, last_seen=self.started_at, last_progress=self.started_at) for rank in range(self.world_size)
+        ]
         self._metrics: list[MetricPoint] = []
         self._log: list[str] = []
         self._log_dropped = 0
@@ -128,12 +136,17 @@ class RunState:
             self.version += 1
             rank = self._ranks[event.rank]
             if isinstance(event, Started):
-                self._ranks[event.rank] = replace(rank, pid=event.pid, device=event.device, last_seen=event.time)
+                self._ranks[event.rank] = replace(
+                    rank, pid=event.pid, device=event.device, last_seen=event.time, last_progress=event.time
+                )
                 if self.status == "starting" and all(r.pid is not None for r in self._ranks):
                     self.status = "running"
             elif isinstance(event, Heartbeat):
+                moved = (event.step, event.activity) != (rank.step, rank.activity)
                 self._ranks[event.rank] = replace(
                     rank,
+                    activity=event.activity,
+                    last_progress=event.time if moved else rank.last_progress,
                     step=event.step,
                     samples=event.samples,
                     samples_per_second=event.samples_per_second,
@@ -151,6 +164,8 @@ class RunState:
                 self.result_path = event.path
             elif isinstance(event, Failed):
                 self.failure = self.failure or event
+            elif isinstance(event, Stopped):
+                self.checkpoint = event.checkpoint
             elif isinstance(event, Finished):
                 self._finished_ranks.add(event.rank)
 
@@ -165,6 +180,12 @@ class RunState:
             if overflow > 0:
                 del self._log[:overflow]
                 self._log_dropped += overflow
+
+    def request_stop(self) -> None:
+        """Record that a graceful stop was asked for."""
+        with self._lock:
+            self.version += 1
+            self.stop_requested = True
 
     def rank_exited(self, rank: int, exit_code: int | None) -> None:
         """Record that a worker process is gone."""
@@ -204,4 +225,6 @@ class RunState:
                 metrics=tuple(self._metrics),
                 log_lines=tuple(self._log),
                 failure=self.failure,
+                stop_requested=self.stop_requested,
+                checkpoint=self.checkpoint,
             )

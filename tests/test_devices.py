@@ -59,13 +59,17 @@ def test_bad_environment_values_name_the_variable(monkeypatch, name, value):
         resolve_devices()
 
 
-def test_rank_environment_points_at_loopback():
+def test_rank_environment_points_at_loopback(monkeypatch):
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
     env = devices.DevicePlan("cpu", 2, "gloo").rank_environment(1, 4567)
     assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == "4567"
-    assert (env["RANK"], env["WORLD_SIZE"], env["GLOO_SOCKET_IFNAME"]) == ("1", "2", "lo")
+    assert (env["RANK"], env["WORLD_SIZE"], env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == ("1", "2", "lo", "lo")
 
 
-def test_free_loopback_port_is_bindable():
-    port = devices.free_loopback_port()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", port))
+def test_rendezvous_socket_listens_on_loopback_only():
+    with devices.rendezvous_socket() as sock:
+        host, port = sock.getsockname()
+        assert host == "127.0.0.1" and port > 0
+        with socket.create_connection((host, port), timeout=5):
+            pass

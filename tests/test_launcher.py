@@ -97,7 +97,7 @@ def _fail_on_rank_one():
 def test_failing_rank_raises_worker_error_naming_it_and_ends_the_others():
     started = time.monotonic()
     with pytest.raises(WorkerError) as caught:
-        launch(_fail_on_rank_one, echo=False)
+        launch(_fail_on_rank_one, dashboard=False)
     error = caught.value
     assert error.rank == 1 and error.exc_type == "ValueError"
     assert "label column missing" in str(error) and "_fail_on_rank_one" in error.remote_traceback
@@ -120,7 +120,7 @@ def _kill_self_on_rank_one():
 
 def test_rank_killed_by_a_signal_is_named():
     with pytest.raises(WorkerError, match="rank 1 failed: the worker process was killed by signal SIGKILL"):
-        launch(_kill_self_on_rank_one, echo=False)
+        launch(_kill_self_on_rank_one, dashboard=False)
 
 
 def _train_without_multi_gpu(model_path):
@@ -138,12 +138,12 @@ def _train_without_multi_gpu(model_path):
 
 def test_forgetting_multi_gpu_stops_before_training(tiny_model_path):
     with pytest.raises(WorkerError, match="without multi_gpu=True while 2 processes run"):
-        launch(_train_without_multi_gpu, args=(tiny_model_path,), echo=False)
+        launch(_train_without_multi_gpu, args=(tiny_model_path,), dashboard=False)
 
 
 def test_timeout_ends_every_worker():
     with pytest.raises(RunTimeoutError, match="timeout=8"):
-        launch(time.sleep, args=(600,), timeout=8, echo=False)
+        launch(time.sleep, args=(600,), timeout=8, dashboard=False)
 
 
 def _world():
@@ -153,7 +153,7 @@ def _world():
 
 
 def test_two_launches_in_a_row_use_fresh_ports():
-    first, second = launch(_world, echo=False), launch(_world, echo=False)
+    first, second = launch(_world, dashboard=False), launch(_world, dashboard=False)
     assert first.value[:2] == second.value[:2] == (0, 2)
     assert first.seed != second.seed or first.value[2] != second.value[2]
     assert _gone(first) and _gone(second)
@@ -169,7 +169,7 @@ def test_non_callable_is_refused_before_any_process_starts():
 
 
 def test_run_directory_and_logs_are_private():
-    result = launch(_world, echo=False)
+    result = launch(_world, dashboard=False)
     assert oct(os.stat(result.run_dir).st_mode & 0o777) == "0o700"
     assert all(oct(os.stat(p).st_mode & 0o777) == "0o600" for p in result.log_files.values())
     assert not (result.run_dir / "payload.pkl").exists() and not (result.run_dir / "result.pkl").exists()

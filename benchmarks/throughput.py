@@ -1,0 +1,152 @@
+"""Training throughput and time to first batch: flair_nbddp's launcher vs flair's own, same job.
+
+    python benchmarks/throughput.py --launcher kit   --device cuda --size distilbert --docs 4000
+    python benchmarks/throughput.py --launcher flair --device cuda --size distilbert --docs 4000
+
+``kit`` runs the job the notebook way: a training function defined in a file-less ``__main__``
+(``python -c``), the corpus built once in the parent and shipped by flair_nbddp. ``flair`` runs it the
+script way: ``flair.distributed_utils.launch_distributed(main)`` from this file, every rank building the
+corpus itself. Both time from the start of the program (``T0``) to the end of the first training batch,
+and count samples/s after the first batch, summed over ranks. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+T0_ENV = "FLAIR_NBDDP_BENCH_T0"
+T0 = float(os.environ.get(T0_ENV) or time.time())
+HERE = Path(__file__).resolve().parent
+
+
+def make_corpus(docs: int):
+    """IMDB-length generated reviews (200-260 words), small dev/test splits."""
+    from flair_nbddp.synthetic import sentiment_corpus
+
+    return sentiment_corpus(n_train=docs, n_dev=max(32, docs // 20), n_test=max(32, docs // 20), words=(200, 260))
+
+
+def timed_fine_tune(corpus, docs: int, model_path: str, base_path: str, batch: int, chunk: int | None, epochs: int):
+    """Fine-tune a TextClassifier with ``multi_gpu=True``, timing the first batch and the throughput after it."""
+    import numpy as np
+    from flair.distributed_utils import aggregate
+    from flair.embeddings import TransformerDocumentEmbeddings
+    from flair.models import TextClassifier
+    from flair.trainers import ModelTrainer
+    from flair.trainers.plugins import TrainerPlugin
+
+    class Timer(TrainerPlugin):
+        """First batch's end (since T0); samples and seconds of the batches after it."""
+
+        first_batch_at: float | None = None
+        last_batch_at: float | None = None
+        samples = 0
+
+        @TrainerPlugin.hook
+        def after_training_batch(self, batch, **_):
+            self.last_batch_at = time.time()
+            if self.first_batch_at is None:
+                self.first_batch_at = self.last_batch_at
+            else:
+                self.samples += len(batch)
+
+    if corpus is None:
+        corpus = make_corpus(docs)
+    timer = Timer()
+    model = TextClassifier(
+        TransformerDocumentEmbeddings(model_path, fine_tune=True),
+        label_type="sentiment",
+        label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False),
+    )
+    scores = ModelTrainer(model, corpus).fine_tune(
+        base_path, max_epochs=epochs, mini_batch_size=batch, mini_batch_chunk_size=chunk, learning_rate=5e-5,
+        multi_gpu=True, plugins=[timer], save_final_model=False,
+    )
+    rate = timer.samples / max(1e-9, timer.last_batch_at - timer.first_batch_at)
+    return {
+        "first_batch_s": timer.first_batch_at - T0,
+        "samples_per_s": float(aggregate(rate, np.sum)),
+        "test_score": scores["test_score"],
+    }
+
+
+KIT_PROGRAM = """
+import sys, json
+sys.path.insert(0, {here!r})
+import flair_nbddp
+from throughput import make_corpus, timed_fine_tune
+corpus = make_corpus({docs})                       # built once, here, like in a notebook cell
+
+def main(corpus):                                  # a notebook-style function in a file-less __main__
+    return timed_fine_tune(corpus, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs})
+
+result = flair_nbddp.launch(main, args=(corpus,), device={device!r}, processes={processes}, dashboard=False)
+print("RESULT " + json.dumps(result.value))
+"""
+
+
+FLAIR_PROGRAM = """
+import json, sys
+sys.path.insert(0, {here!r})
+from flair.distributed_utils import launch_distributed
+from throughput import timed_fine_tune
+
+if __name__ == "__main__":                         # the script way: every rank builds its own corpus
+    value = launch_distributed(timed_fine_tune, None, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs})
+    print("RESULT " + json.dumps(value))
+"""
+
+
+def run_job(args) -> dict:
+    """Start the job in a fresh interpreter, with T0 set just before, and read its figures."""
+    fields = dict(
+        here=str(HERE), docs=args.docs, model=args.model, base=args.base, batch=args.batch, chunk=args.chunk,
+        epochs=args.epochs, device=args.device, processes=args.processes,
+    )
+    if args.launcher == "kit":
+        command = [sys.executable, "-c", KIT_PROGRAM.format(**fields)]
+    else:
+        script = Path(args.workdir) / "flair_script.py"
+        script.write_text(FLAIR_PROGRAM.format(**fields))
+        command = [sys.executable, str(script)]
+    env = {**os.environ, T0_ENV: repr(time.time())}
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode or not lines:
+        sys.exit(f"{args.launcher} run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--launcher", choices=["kit", "flair"], required=True)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    parser.add_argument("--processes", type=int, default=None)
+    parser.add_argument("--size", choices=["tiny", "distilbert"], default="distilbert")
+    parser.add_argument("--docs", type=int, default=4000)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--chunk", type=int, default=None)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--workdir", default="/tmp/flair_nbddp-bench")
+    parser.add_argument("--json", default=None, help="also write the figures to this file")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from flair_nbddp.synthetic import tiny_transformer
+
+    args.model = tiny_transformer(Path(args.workdir) / f"model-{args.size}", size=args.size)
+    args.base = str(Path(args.workdir) / f"train-{args.launcher}")
+    figures = run_job(args)
+    figures.update(launcher=args.launcher, device=args.device, size=args.size, docs=args.docs, batch=args.batch)
+    print(json.dumps(figures))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

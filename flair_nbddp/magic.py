@@ -1,0 +1,115 @@
+"""IPython magics: ``%%ddp_train`` runs a cell on every device, ``%ddp_info`` shows devices and runs.
+
+Load them with ``%load_ext flair_nbddp``.
+
+Example (in a notebook)::
+
+    %load_ext flair_nbddp
+
+    %%ddp_train --processes 2 --out scores
+    trainer = ModelTrainer(make_classifier(corpus), corpus)   # corpus, make_classifier: earlier cells
+    trainer.fine_tune("out", max_epochs=2, multi_gpu=True)
+"""
+
+from __future__ import annotations
+
+import platform
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from . import __version__
+from .cell import execute_cell, names_to_ship
+from .devices import resolve_devices, visible_gpu_count
+from .launcher import launch, runs
+from .payload import ShippingError, describe_unpicklable
+
+
+def _check_names(cell: str, namespace: dict) -> dict:
+    shipped, missing = names_to_ship(cell, namespace)
+    if missing:
+        listed = ", ".join(f"{name!r}" for name in missing)
+        raise UsageError(
+            f"the cell uses {listed}, not defined in the notebook: run the cell that defines "
+            f"{'it' if len(missing) == 1 else 'them'} first, or define {'it' if len(missing) == 1 else 'them'} "
+            "in this cell."
+        )
+    return shipped
+
+
+def _unshippable(shipped: dict) -> str | None:
+    for name, value in shipped.items():
+        message = describe_unpicklable(f"variable {name!r}", value, where="this cell")
+        if message:
+            return message
+    return None
+
+
+@magics_class
+class DdpMagics(Magics):
+    """``%%ddp_train`` and ``%ddp_info``."""
+
+    @no_var_expand
+    @magic_arguments()
+    @argument("--processes", type=int, default=None, help="processes (default: every GPU, else 2 on CPU)")
+    @argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when GPUs are visible")
+    @argument("--out", default=None, metavar="NAME", help="also store rank 0's value in this notebook variable")
+    @argument("--no-dashboard", action="store_true", help="print rank 0's log instead of the live dashboard")
+    @argument("--timeout", type=float, default=None, metavar="S", help="end the run after S seconds")
+    @cell_magic
+    def ddp_train(self, line: str, cell: str):
+        """Run the cell on every rank (flair's ``multi_gpu=True`` works in it); rank 0's last value is the output.
+
+        Names the cell reads from the notebook (a corpus, a label type, helpers from earlier cells) are
+        shipped to the workers; nothing else is.
+        """
+        options = parse_argstring(self.ddp_train, line)
+        if options.out is not None and not options.out.isidentifier():
+            raise UsageError(f"--out {options.out!r} is not a valid variable name")
+        shipped = _check_names(cell, self.shell.user_ns)
+        try:
+            result = launch(
+                execute_cell,
+                args=(cell, shipped),
+                processes=options.processes,
+                device=options.device,
+                timeout=options.timeout,
+                dashboard=False if options.no_dashboard else None,
+            )
+        except ShippingError as error:
+            raise UsageError(_unshippable(shipped) or str(error)) from None
+        except ValueError as error:  # impossible devices or process counts
+            raise UsageError(str(error)) from None
+        if options.out:
+            self.shell.user_ns[options.out] = result.value
+        return result.value
+
+    @line_magic
+    def ddp_info(self, line: str = "") -> None:
+        """Devices, the backend and processes a run would use, versions, and this kernel's runs."""
+        import flair
+        import torch
+
+        gpus = visible_gpu_count()
+        lines = [f"GPUs visible: {gpus}"]
+        lines += [f"  cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(gpus)]
+        try:
+            plan = resolve_devices()
+            lines.append(f"a run would use: {plan.world_size} × {plan.device_type} ({plan.backend})")
+        except ValueError as error:
+            lines.append(f"a run would fail: {error}")
+        lines.append(
+            f"versions: flair_nbddp {__version__}, flair {flair.__version__}, torch {torch.__version__}, "
+            f"python {platform.python_version()}"
+        )
+        history = runs()
+        lines.append(f"runs in this kernel: {len(history)}")
+        for number, run in enumerate(history, 1):
+            snapshot = run.state.snapshot()
+            name = getattr(run.fn, "__name__", type(run.fn).__name__)
+            lines.append(
+                f"  {number}. {name}: {snapshot.status}, {run.plan.world_size} × {run.plan.device_type}, "
+                f"{snapshot.elapsed:.1f} s, logs {run.run_dir}"
+            )
+        print("\n".join(lines))

@@ -1,0 +1,199 @@
+"""Stopping, faults and hostile input (2 CPU processes with gloo). Kernel-level cases: test_kernel.py."""
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from flair_nbddp import RunHangError, WorkerError, launch, payload
+from flair_nbddp.devices import resolve_devices
+from flair_nbddp.launcher import Run
+from training_jobs import train_sentiment, train_then_return_a_generator
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_stop_ends_every_rank_after_the_same_batch_and_saves_the_model(tmp_path, tiny_model_path):
+    run = Run(train_sentiment, (tiny_model_path, str(tmp_path / "out")), {}, resolve_devices()).start()
+    _wait_for(lambda: run.state.snapshot().batch >= 3, 120, "training to start")
+    stopped_at = time.monotonic()
+    run.stop()
+    result = run.wait()
+    freed_after = time.monotonic() - stopped_at
+    assert result.status == "stopped", result.error
+    assert result.checkpoint == tmp_path / "out" / "final-model.pt" and result.checkpoint.exists()
+    assert result.value["test_score"] >= 0.0  # flair finished its final evaluation and returned
+    assert freed_after < 10, f"the cell was busy for {freed_after:.1f} s after Stop"
+    assert "stopped from the notebook" in result.log
+    assert run.state.snapshot().epoch == 1  # stopped early, not after 20 epochs
+
+
+def _program(code: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")},
+    )
+
+
+def _read_until(process: subprocess.Popen, marker: str, timeout: float) -> str:
+    seen = []
+    timer = threading.Timer(timeout, process.kill)
+    timer.start()
+    try:
+        for line in process.stdout:
+            seen.append(line)
+            if marker in line:
+                return "".join(seen)
+    finally:
+        timer.cancel()
+    raise AssertionError(f"{marker!r} never appeared:\n{''.join(seen)[-3000:]}")
+
+
+def _workers_of(process: subprocess.Popen) -> list[psutil.Process]:
+    return [c for c in psutil.Process(process.pid).children() if "flair_nbddp.worker" in " ".join(c.cmdline())]
+
+
+LAUNCHING_PROGRAM = """
+import flair_nbddp
+from training_jobs import train_sentiment
+result = flair_nbddp.launch(train_sentiment, args=({model!r}, {base!r}), dashboard=False)
+print("STATUS", result.status, result.checkpoint)
+"""
+
+
+def test_interrupt_stops_gracefully_and_returns_a_stopped_result(tmp_path, tiny_model_path):
+    program = _program(LAUNCHING_PROGRAM.format(model=tiny_model_path, base=str(tmp_path / "out")))
+    _read_until(program, "- iter ", 120)
+    interrupted = time.monotonic()
+    program.send_signal(signal.SIGINT)
+    out = _read_until(program, "STATUS", 60)
+    assert program.wait(30) == 0
+    assert time.monotonic() - interrupted < 10
+    assert "stopping after the current batch" in out
+    assert f"STATUS stopped {tmp_path / 'out' / 'final-model.pt'}" in out
+    assert (tmp_path / "out" / "final-model.pt").exists()
+
+
+def test_second_interrupt_ends_the_workers_at_once(tmp_path, tiny_model_path):
+    # a stop request the function never honours (it never reaches a batch boundary)
+    program = _program(
+        "import time, flair_nbddp\n"
+        "print('launching', flush=True)\n"
+        "flair_nbddp.launch(time.sleep, args=(600,), dashboard=False, stop_timeout=300)\n"
+    )
+    _read_until(program, "launching", 30)
+    _wait_for(lambda: len(_workers_of(program)) == 2, 60, "workers")
+    workers = _workers_of(program)
+    time.sleep(8)  # let them finish importing
+    program.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    second = time.monotonic()
+    program.send_signal(signal.SIGINT)
+    out, _ = program.communicate(timeout=30)
+    assert time.monotonic() - second < 5
+    assert "KeyboardInterrupt" in out
+    assert not any(worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE for worker in workers)
+
+
+def test_workers_exit_when_the_kernel_dies():
+    program = _program("import time, flair_nbddp\nflair_nbddp.launch(time.sleep, args=(600,), dashboard=False)\n")
+    _wait_for(lambda: len(_workers_of(program)) == 2, 60, "workers")
+    workers = _workers_of(program)
+    time.sleep(3)
+    program.kill()
+    program.wait()
+    killed = time.monotonic()
+    psutil.wait_procs(workers, timeout=10)
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+    assert time.monotonic() - killed < 10
+
+
+def _spin_on_rank_one():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        while True:  # an endless loop: rank 0 waits for it in the barrier below
+            pass
+    dist.barrier()
+
+
+def test_hang_watchdog_ends_the_run_and_shows_every_stack():
+    started = time.monotonic()
+    with pytest.raises(RunHangError) as caught:
+        launch(_spin_on_rank_one, hang_timeout=5, dashboard=False)
+    message = str(caught.value)
+    assert "no rank made progress for 5 s" in message
+    assert "--- rank 0 ---" in message and "--- rank 1 ---" in message
+    assert "_spin_on_rank_one" in message.split("--- rank 1 ---")[1]
+    assert time.monotonic() - started < 60
+
+
+def test_unpicklable_return_still_reports_the_saved_model(tmp_path, tiny_model_path):
+    with pytest.raises(WorkerError) as caught:
+        launch(train_then_return_a_generator, args=(tiny_model_path, str(tmp_path / "out")), dashboard=False)
+    saved = tmp_path / "out" / "final-model.pt"
+    assert "returned a generator that cannot be sent back" in str(caught.value)
+    assert f"The trained model is safe: rank 0 saved {saved}" in str(caught.value) and saved.exists()
+
+
+def _sleep_and_report_port(seconds):
+    import os
+    import time
+
+    time.sleep(seconds)
+    return os.environ["MASTER_PORT"]
+
+
+def test_a_second_launch_while_one_runs_is_refused_and_the_first_continues():
+    first = Run(_sleep_and_report_port, (4,), {}, resolve_devices()).start()
+    with pytest.raises(RuntimeError, match="another run is still active"):
+        launch(_sleep_and_report_port, args=(0,), dashboard=False)
+    result = first.wait()
+    assert result.status == "finished" and result.value.isdigit()
+
+
+def test_stop_of_a_function_outside_training_ends_it_after_stop_timeout():
+    run = Run(_sleep_and_report_port, (600,), {}, resolve_devices(), stop_timeout=2).start()
+    _wait_for(lambda: run.state.snapshot().status == "running", 60, "workers")
+    asked = time.monotonic()
+    run.stop()
+    result = run.wait()
+    assert result.status == "stopped" and result.value is None
+    assert 2 <= time.monotonic() - asked < 10
+
+
+def test_full_disk_is_reported_before_any_worker_starts(monkeypatch):
+    def no_space(path, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(payload, "_write_private", no_space)
+    with pytest.raises(OSError, match="cannot write the run's payload .* No space left on device"):
+        launch(print, dashboard=False)
+    assert not psutil.Process().children()
+
+
+def test_rendezvous_listens_on_loopback_only():
+    run = Run(_sleep_and_report_port, (15,), {}, resolve_devices()).start()
+    try:
+        _wait_for(lambda: run.state.snapshot().status == "running", 60, "workers")
+        pids = {rank.pid for rank in run.state.snapshot().ranks}
+        listening = [c for c in psutil.net_connections("tcp") if c.pid in pids and c.status == psutil.CONN_LISTEN]
+        assert listening, "rank 0 serves the rendezvous store"
+        assert {c.laddr.ip for c in listening} <= {"127.0.0.1"}, listening
+    finally:
+        run.stop()
+        run.wait()

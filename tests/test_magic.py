@@ -1,0 +1,119 @@
+"""%%ddp_train and %ddp_info, driven through an in-process IPython shell (kernel-level tests: test_kernel.py)."""
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+from flair_nbddp.cell import execute_cell, free_names, names_to_ship
+
+
+@pytest.fixture(scope="module")
+def shell():
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "flair_nbddp")
+    yield shell
+    InteractiveShell.clear_instance()
+
+
+def test_free_names_ignore_what_the_cell_binds():
+    source = """
+import os
+from flair.data import Sentence as S
+def helper(x, *rest, key=None):
+    return x + offset
+for i in range(3):
+    total = helper(i)
+try:
+    pass
+except Exception as exc:
+    print(exc)
+class Local: pass
+[w for w in words]
+"""
+    assert free_names(source) == ["offset", "range", "Exception", "print", "words"]
+
+
+def test_names_to_ship_splits_known_and_missing():
+    shipped, missing = names_to_ship("a + b + len(c)", {"a": 1, "c": [1], "In": []})
+    assert shipped == {"a": 1, "c": [1]} and missing == ["b"]
+
+
+def test_execute_cell_returns_last_expression_or_none():
+    assert execute_cell("x = 2\nx * k", {"k": 21}) == 42
+    assert execute_cell("x = 2", {}) is None
+
+
+def test_corpus_and_helper_from_earlier_cells_train_and_out_holds_the_value(shell, tiny_model_path, tmp_path):
+    shell.run_cell(
+        f"""
+from flair_nbddp.synthetic import sentiment_corpus
+from flair.embeddings import TransformerDocumentEmbeddings
+from flair.models import TextClassifier
+from flair.trainers import ModelTrainer
+corpus = sentiment_corpus(n_train=160, n_dev=30, n_test=40, seed=5)
+label_type = "sentiment"
+unused_big_thing = list(range(10**6))
+
+def make_classifier(corpus):
+    return TextClassifier(TransformerDocumentEmbeddings({tiny_model_path!r}, fine_tune=True),
+                          label_type=label_type,
+                          label_dictionary=corpus.make_label_dictionary(label_type, add_unk=False))
+""",
+        store_history=True,
+    ).raise_error()
+    body = f"""
+import torch.distributed as dist
+scores = ModelTrainer(make_classifier(corpus), corpus).fine_tune(
+    {str(tmp_path / "out")!r}, max_epochs=4, mini_batch_size=8, learning_rate=5e-3, multi_gpu=True)
+{{"score": scores["test_score"], "world": dist.get_world_size(), "rank": dist.get_rank()}}
+"""
+    value = shell.run_cell_magic("ddp_train", "--processes 2 --device cpu --out scores --no-dashboard", body)
+    assert value["world"] == 2 and value["rank"] == 0
+    assert value["score"] >= 0.75, value
+    assert shell.user_ns["scores"] is value
+
+
+def test_undefined_name_is_reported_before_launch(shell):
+    with pytest.raises(UsageError, match="'not_defined_anywhere', not defined in the notebook"):
+        shell.run_cell_magic("ddp_train", "--no-dashboard", "not_defined_anywhere + 1")
+
+
+def test_unpicklable_variable_is_named_with_its_path_and_the_fix(shell):
+    shell.run_cell(
+        "import threading\nclass Tokenizer:\n    def __init__(self):\n        self.cache = {'guard': threading.Lock()}\n"
+        "tok = Tokenizer()"
+    ).raise_error()
+    with pytest.raises(UsageError) as caught:
+        shell.run_cell_magic("ddp_train", "--no-dashboard", "tok")
+    message = str(caught.value)
+    assert "variable 'tok' (Tokenizer)" in message and "tok.cache['guard'] is a lock" in message
+    assert "Build it inside this cell" in message
+
+
+@pytest.mark.parametrize("line", ["--processes two", "--device tpu", "--bogus", "--out 1abc"])
+def test_bad_options_are_usage_errors(shell, line):
+    with pytest.raises(UsageError):
+        shell.run_cell_magic("ddp_train", line, "1")
+
+
+def test_impossible_device_request_is_a_usage_error(shell):
+    with pytest.raises(UsageError, match="sees no GPU"):
+        shell.run_cell_magic("ddp_train", "--device cuda --no-dashboard", "1")
+
+
+def test_braces_in_the_option_line_are_left_alone(shell):
+    with pytest.raises(UsageError, match="'{name}' is not a valid variable name"):
+        shell.run_cell_magic("ddp_train", "--out {name}", "1")
+
+
+def test_help_is_available(shell):
+    assert "--processes" in shell.find_cell_magic("ddp_train").__doc__
+
+
+def test_ddp_info_lists_devices_versions_and_runs(shell, capsys):
+    assert shell.run_cell_magic("ddp_train", "--no-dashboard", "20 + 22") == 42
+    shell.run_line_magic("ddp_info", "")
+    out = capsys.readouterr().out
+    assert "GPUs visible: 0" in out and "a run would use: 2 × cpu (gloo)" in out
+    assert "flair 0.15.1" in out
+    assert "runs in this kernel:" in out and "execute_cell: finished" in out
