@@ -10,6 +10,7 @@ from typing import Any
 from .errors import RunHangError, RunTimeoutError, WorkerError
 from .launcher import Run, launch, launch_distributed, runs
 from .payload import CorpusMismatchError, ShippingError
+from .pool import WorkerPool
 from .result import RunResult
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "RunTimeoutError",
     "ShippingError",
     "WorkerError",
+    "WorkerPool",
     "launch",
     "launch_distributed",
     "load_ipython_extension",
@@ -29,7 +31,7 @@ __version__ = "0.1.0"
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext flair_nbddp``: registers ``%%ddp_train`` and ``%ddp_info``."""
+    """``%load_ext flair_nbddp``: registers ``%%ddp_train``, ``%ddp_pool`` and ``%ddp_info``."""
     from .magic import DdpMagics
 
     ipython.register_magics(DdpMagics)

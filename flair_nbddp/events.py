@@ -35,7 +35,7 @@ class Event:
 
 @dataclass(frozen=True)
 class Started(Event):
-    """A worker process is up, its process group joined, its payload unpacked."""
+    """A rank took a job: its process group is up, the job's payload unpacked."""
 
     pid: int
     device: str
@@ -100,6 +100,7 @@ class Finished(Event):
 
 
 STOP = "stop"  # the parent's request, sent down the same channel: stop gracefully at the next batch
+EXIT = "exit"  # the parent's request: leave the process group and exit (the worker is idle)
 STOP_REQUESTED = threading.Event()  # in a worker: set once the parent sent STOP
 
 

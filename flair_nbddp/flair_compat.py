@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import functools
+import gc
+import logging
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -26,7 +28,8 @@ from flair.trainers.plugins.metric_records import MetricRecord
 
 from .events import STOP_REQUESTED, EventSender, Metric, Progress, Stopped
 
-SAVED_MODELS: list[Path] = []  # model files flair wrote in this process, newest last
+SAVED_MODELS: list[Path] = []  # model files flair wrote during the current job, newest last
+_LOGGING: dict[str, Any] = {}  # the flair logger as the worker started, restored before every job
 
 
 class MissingMultiGpuError(RuntimeError):
@@ -37,6 +40,9 @@ class TrainingCounters:
     """Throughput of this rank, shared between the plugin (writer) and the heartbeat thread (reader)."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.step = 0
         self.samples = 0
         self.training_seconds = 0.0
@@ -161,6 +167,30 @@ def instrument_trainer(sender: EventSender, rank: int, world_size: int, counters
         return original(self, *args, multi_gpu=multi_gpu, plugins=plugins, **kwargs)
 
     ModelTrainer.train_custom = train_custom
+
+
+def remember_logging() -> None:
+    """Note the flair logger's handlers and level as the worker starts."""
+    log = logging.getLogger("flair")
+    _LOGGING.update(handlers=list(log.handlers), level=log.level)
+
+
+def reset_between_jobs(device: torch.device) -> None:
+    """Undo what a job may leave behind for the next one on a warm worker.
+
+    flair disables its logger on ranks > 0 and never re-enables it, and a failed training can leave
+    its log-file handler attached; a stop request, saved-model notes and cached GPU memory are per job.
+    """
+    STOP_REQUESTED.clear()
+    SAVED_MODELS.clear()
+    log = logging.getLogger("flair")
+    for handler in [h for h in log.handlers if h not in _LOGGING["handlers"]]:
+        log.removeHandler(handler)
+        handler.close()
+    log.disabled, log.level = False, _LOGGING["level"]
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def seed_everything(seed: int) -> None:

@@ -1,43 +1,40 @@
-"""Starting, watching, stopping and ending the worker processes of a run; ``launch`` and ``launch_distributed``.
+"""Watching, stopping and ending one run; ``launch`` and ``launch_distributed``.
 
-One :class:`Run` per launch. The parent packs the call once into the run's private directory, starts
-one ``python -m flair_nbddp.worker`` per rank in its own session (a kernel interrupt reaches only the
-kernel, which then stops the workers itself), and one supervisor thread drains every rank's events and
-the tail of rank 0's log into a :class:`~flair_nbddp.state.RunState`. The supervisor ends every rank
-as soon as one fails, enforces the stop grace period, the timeout and the hang watchdog, so no rank is
-ever left waiting in a collective.
+One :class:`Run` per launch. The parent packs the call once into the run's private directory and hands
+it to a :class:`~flair_nbddp.group.WorkerGroup` (fresh, or a warm pool's). One supervisor thread drains
+every rank's events and the tail of rank 0's log into a :class:`~flair_nbddp.state.RunState`; it ends
+every rank as soon as one fails, and enforces the stop grace period, the timeout and the hang watchdog,
+so no rank is ever left waiting in a collective.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import random
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import payload
-from .devices import DevicePlan, rendezvous_socket, resolve_devices
+from .devices import DevicePlan, resolve_devices
 from .errors import RunHangError, RunTimeoutError, WorkerError, describe_exit
 from .events import STOP, Failed
+from .group import TERMINATE_GRACE_SECONDS, WorkerGroup
 from .result import RunResult
 from .state import RunState
 
+if TYPE_CHECKING:
+    from .pool import WorkerPool
+
 RUNS_ENV = "FLAIR_NBDDP_RUNS"
-TERMINATE_GRACE_SECONDS = 3.0
 DEFAULT_STOP_TIMEOUT = 30.0
 DEFAULT_HANG_TIMEOUT = 300.0
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 _RUNS: list[Run] = []  # every run started in this process, oldest first (for %ddp_info)
 
 
@@ -53,7 +50,8 @@ class _LogTail:
     """Incremental reader of a growing log file, yielding whole lines (a tqdm ``\\r`` keeps its last state)."""
 
     def __init__(self, path: Path) -> None:
-        self._path, self._offset, self._partial = path, 0, b""
+        self._path, self._partial = path, b""
+        self._offset = path.stat().st_size if path.exists() else 0  # a warm worker's log holds earlier jobs
 
     def read_lines(self, final: bool = False) -> list[str]:
         try:
@@ -93,34 +91,40 @@ class Run:
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
         hang_timeout: float | None = DEFAULT_HANG_TIMEOUT,
         run_dir: str | Path | None = None,
+        pool: WorkerPool | None = None,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"fn must be callable (a function to run on every rank), not {type(fn).__name__}")
         self.fn, self.args, self.kwargs, self.plan = fn, tuple(args), dict(kwargs or {}), plan
         self.seed = random.randrange(2**31) if seed is None else int(seed)
         self.timeout, self.stop_timeout, self.hang_timeout = timeout, stop_timeout, hang_timeout
+        self.pool = pool
+        if pool is not None:
+            run_dir = pool.run_dir
         self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="run-", dir=runs_root()))
         self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.state = RunState(world_size=plan.world_size, device_type=plan.device_type)
-        self.log_files = {rank: self.run_dir / f"rank{rank}.log" for rank in range(plan.world_size)}
         self.new_log_lines: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self._payload_path = self.run_dir / "payload.pkl"
-        self._result_path = self.run_dir / "result.pkl"
-        self._processes: list[subprocess.Popen] = []
-        self._connections: dict[Connection, int] = {}
+        job_name = f"job{time.time_ns()}"
+        self._payload_path = self.run_dir / f"{job_name}-payload.pkl"
+        self._result_path = self.run_dir / f"{job_name}-result.pkl"
+        self.group: WorkerGroup | None = None
         self._done = threading.Event()
         self._ended_by: str | None = None  # "timeout", "hang" or "stop" when the supervisor ended the workers
         self._stop_deadline: float | None = None
         self._stacks: dict[int, str] = {}
-        self._terminating = False
         self._first_death: int | None = None  # the rank that died on its own before we ended anyone
-        self._terminate_lock = threading.Lock()
         self._supervisor: threading.Thread | None = None
         self._result: RunResult | None = None
 
+    @property
+    def log_files(self) -> dict[int, Path]:
+        """Each rank's full output (in a pool: every job's, this one's at the end)."""
+        return {rank: self.run_dir / f"rank{rank}.log" for rank in range(self.plan.world_size)}
+
     # -- starting ---------------------------------------------------------------------------------
     def start(self) -> Run:
-        """Pack the call, start one worker per rank and the supervisor thread; returns at once.
+        """Pack the call, hand it to every rank and start the supervisor thread; returns at once.
 
         Raises:
             RuntimeError: another run of this process is still active (runs share the devices).
@@ -135,63 +139,29 @@ class Run:
                 "Wait for it to end, or stop it first (run.stop() or the dashboard's Stop)."
             )
         payload.write_payload(self._payload_path, self.fn, self.args, self.kwargs)
-        with rendezvous_socket() as listener:
-            try:
-                for rank in range(self.plan.world_size):
-                    self._spawn(rank, listener)
-            except BaseException:
-                self._terminate_workers()
-                raise
-        self._supervisor = threading.Thread(target=self._supervise, name="flair_nbddp-supervisor", daemon=True)
+        job = {"payload": str(self._payload_path), "result": str(self._result_path), "seed": self.seed}
+        tail = _LogTail(self.log_files[0])
+        if self.pool is not None:
+            self.group = self.pool.submit(job)
+        else:
+            self.group = WorkerGroup(self.plan, self.run_dir).start(job, stay=False)
+        self._supervisor = threading.Thread(
+            target=self._supervise, args=(tail,), name="flair_nbddp-supervisor", daemon=True
+        )
         self._supervisor.start()
         _RUNS.append(self)
         return self
 
-    def _spawn(self, rank: int, listener: socket.socket) -> None:
-        parent_end, child_end = socket.socketpair()
-        port = listener.getsockname()[1]
-        inherited = [child_end.fileno()] + ([listener.fileno()] if rank == 0 else [])
-        spec = {
-            "rank": rank,
-            "world_size": self.plan.world_size,
-            "device": self.plan.device_for(rank),
-            "backend": self.plan.backend,
-            "port": port,
-            "listen_fd": listener.fileno() if rank == 0 else None,
-            "rendezvous_timeout": 600,
-            "payload": str(self._payload_path),
-            "result": str(self._result_path),
-            "stacks": str(self.run_dir / f"stacks-rank{rank}.txt"),
-            "seed": self.seed,
-            "sys_path": [entry for entry in sys.path if entry],
-            "fd": child_end.fileno(),
-        }
-        env = {**os.environ, **self.plan.rank_environment(rank, port)}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
-        log_fd = os.open(self.log_files[rank], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "flair_nbddp.worker"],
-                stdin=subprocess.PIPE,
-                stdout=log_fd,
-                stderr=subprocess.STDOUT,
-                env=env,
-                pass_fds=inherited,
-                start_new_session=True,
-            )
-        finally:
-            os.close(log_fd)
-            child_end.close()
-        self._processes.append(process)
-        self._connections[Connection(parent_end.detach())] = rank
-        process.stdin.write(json.dumps(spec).encode())
-        process.stdin.close()
+    @property
+    def active(self) -> bool:
+        """True from ``start()`` until the job is over and its result collected."""
+        return self._supervisor is not None and self._result is None and self.state.ended_at is None
 
     # -- watching ---------------------------------------------------------------------------------
-    def _supervise(self) -> None:
-        tail = _LogTail(self.log_files[0])
-        open_connections = dict(self._connections)
-        while open_connections:
+    def _supervise(self, tail: _LogTail) -> None:
+        group = self.group
+        open_connections = {connection: rank for rank, connection in enumerate(group.connections)}
+        while open_connections and not self.state.all_finished():
             for connection in wait(list(open_connections), timeout=0.1):
                 try:
                     event = connection.recv()
@@ -201,7 +171,7 @@ class Run:
                 self.state.apply(event)
                 if isinstance(event, Failed):
                     self._blame_signal_deaths()
-                    self._terminate_workers()
+                    group.terminate()
             self._publish_log(tail.read_lines())
             self._enforce_limits()
         self._publish_log(tail.read_lines(final=True))
@@ -219,20 +189,10 @@ class Run:
         elif self.hang_timeout is not None:
             alive = [rank for rank in self.state.snapshot().ranks if rank.alive]
             if alive and all(now - rank.last_progress > self.hang_timeout for rank in alive):
-                self._collect_stacks()
+                self._stacks = self.group.collect_stacks()
                 self._ended_by = "hang"
         if self._ended_by is not None:
-            self._terminate_workers()
-
-    def _collect_stacks(self) -> None:
-        """Ask every rank for its Python stacks (faulthandler on SIGUSR1) and read them back."""
-        for process in self._processes:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGUSR1)
-        time.sleep(1.0)
-        for rank in range(self.plan.world_size):
-            with contextlib.suppress(FileNotFoundError):
-                self._stacks[rank] = (self.run_dir / f"stacks-rank{rank}.txt").read_text()
+            self.group.terminate()
 
     def _publish_log(self, lines: list[str]) -> None:
         self.state.add_log_lines(lines)
@@ -241,22 +201,21 @@ class Run:
 
     def _rank_closed(self, rank: int) -> None:
         """A rank's channel closed: its process is exiting. Reap it; end the others if it died early."""
-        process = self._processes[rank]
+        process = self.group.processes[rank]
         try:
             exit_code = process.wait(timeout=TERMINATE_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            self._kill_group(process, signal.SIGKILL)
+        except subprocess.TimeoutExpired:  # it closed its channel but lives on
+            self.group.terminate()
             exit_code = process.wait()
         self.state.rank_exited(rank, exit_code)
-        if exit_code != 0 and not self._terminating and self._first_death is None:
+        if exit_code != 0 and not self.group.terminating and self._first_death is None:
             self._first_death = rank
-            self._terminate_workers()
+            self.group.terminate()
 
     def _blame_signal_deaths(self) -> None:
         """A rank killed by a signal (e.g. the OOM killer) makes its peers fail in a collective: blame it."""
-        for rank, process in enumerate(self._processes):
-            exit_code = process.poll()
-            if exit_code is not None and exit_code < 0 and self._first_death is None:
+        for rank, exit_code in self.group.dead_ranks().items():
+            if exit_code < 0 and self._first_death is None:
                 self._first_death = rank
                 self.state.rank_exited(rank, exit_code)
 
@@ -267,46 +226,18 @@ class Run:
         flair then saves ``final-model.pt`` in its ``base_path`` (the result's ``checkpoint``), runs its
         final evaluation and returns. Ranks not inside flair training by ``stop_timeout`` seconds are ended.
         """
-        if self._stop_deadline is not None or self._done.is_set():
+        if self._stop_deadline is not None or self._done.is_set() or self.group is None:
             return
         self._stop_deadline = time.monotonic() + self.stop_timeout
         self.state.request_stop()
-        for connection in self._connections:
-            with contextlib.suppress(OSError):
-                connection.send(STOP)
-
-    @property
-    def active(self) -> bool:
-        """True from ``start()`` until every worker is gone and the result is collected."""
-        return self._supervisor is not None and self._result is None and self.state.ended_at is None
-
-    @staticmethod
-    def _kill_group(process: subprocess.Popen, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, sig)
-
-    def _terminate_workers(self, grace: float = TERMINATE_GRACE_SECONDS) -> None:
-        """SIGTERM every worker's process group, then SIGKILL what is left after ``grace`` seconds."""
-        with self._terminate_lock:
-            self._terminating = True
-            alive = [p for p in self._processes if p.poll() is None]
-            for process in alive:
-                self._kill_group(process, signal.SIGTERM)
-            end = time.monotonic() + grace
-            for process in alive:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=max(0.0, end - time.monotonic()))
-            for process in self._processes:
-                # the whole group: a worker's own children (e.g. data loader processes) go too
-                self._kill_group(process, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=grace)
+        self.group.send_all(STOP)
 
     def _first_failure(self) -> Exception | None:
         snapshot = self.state.snapshot()
         if self._ended_by == "timeout":
-            return RunTimeoutError(f"the run exceeded timeout={self.timeout} s and every worker was ended; "
-                                   f"logs: {self.run_dir}")
+            return RunTimeoutError(
+                f"the run exceeded timeout={self.timeout} s and every worker was ended; logs: {self.run_dir}"
+            )
         if self._ended_by == "hang":
             return self._hang_error(snapshot)
         if self._first_death is not None:
@@ -336,9 +267,10 @@ class Run:
             f"Raise hang_timeout= if a step can legitimately take that long. Logs: {self.run_dir}"
         )
 
-    def wait(self, echo: bool = False) -> RunResult:
+    def wait(self, echo: bool = False, on_tick: Callable[[], None] | None = None) -> RunResult:
         """Block until the run ends; with ``echo``, print rank 0's output lines as they arrive.
 
+        ``on_tick`` is called on this thread about every 0.1 s (a text view prints progress from it).
         A first ``KeyboardInterrupt`` (the kernel's Interrupt) stops the run gracefully and keeps waiting;
         a second one ends every worker at once and propagates.
         """
@@ -346,6 +278,8 @@ class Run:
             try:
                 while not self._done.wait(0.1):
                     self._echo(echo)
+                    if on_tick is not None:
+                        on_tick()
                 break
             except KeyboardInterrupt:
                 if self._stop_deadline is None:
@@ -356,7 +290,7 @@ class Run:
                     )
                     self.stop()
                     continue
-                self._terminate_workers(grace=1.0)
+                self.group.terminate(grace=1.0)
                 self._done.wait(TERMINATE_GRACE_SECONDS * 2)
                 self._ended_by = self._ended_by or "stop"
                 self._finish()
@@ -382,7 +316,7 @@ class Run:
         if error is None and self.state.result_path is not None:
             value = payload.read_result(self._result_path)
         self.state.end("failed" if error else "stopped" if stopped else "finished")
-        self._cleanup()
+        self._release_workers(clean=error is None and not stopped)
         snapshot = self.state.snapshot()
         self._result = RunResult(
             value=value,
@@ -400,7 +334,7 @@ class Run:
             ranks=list(snapshot.ranks),
             seed=self.seed,
             run_dir=self.run_dir,
-            log_files=dict(self.log_files),
+            log_files=self.log_files,
             checkpoint=Path(snapshot.checkpoint) if snapshot.checkpoint else None,
             error=error,
         )
@@ -408,10 +342,12 @@ class Run:
             error.result = self._result
         return self._result
 
-    def _cleanup(self) -> None:
-        self._terminate_workers(grace=1.0)
-        for connection in self._connections:
-            connection.close()
+    def _release_workers(self, clean: bool) -> None:
+        """A cold run's workers exit; a pool keeps them after a clean job and recycles them otherwise."""
+        if self.pool is not None:
+            self.pool.job_ended(clean, reason=self.state.snapshot().status)
+        else:
+            self.group.close(grace=TERMINATE_GRACE_SECONDS)
         for path in (self._payload_path, self._result_path):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
@@ -435,6 +371,7 @@ def launch(
     seed: int | None = None,
     dashboard: bool | None = None,
     run_dir: str | Path | None = None,
+    pool: WorkerPool | None = None,
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on one process per device and return a :class:`RunResult`.
 
@@ -461,6 +398,7 @@ def launch(
         dashboard: None shows the live widget dashboard in a notebook (plain progress lines and rank 0's
             log elsewhere); True insists on the widget; False shows nothing but rank 0's log lines.
         run_dir: where logs go; default a new private directory under :func:`runs_root`.
+        pool: run on these warm workers instead of starting new ones (see :class:`~flair_nbddp.WorkerPool`).
 
     Raises:
         WorkerError: a rank failed (``.rank``, the remote traceback, ``.result`` with the logs).
@@ -478,15 +416,15 @@ def launch(
     """
     from .dashboard import open_view
 
-    plan = resolve_devices(device, processes)
+    plan = pool.plan if pool is not None else resolve_devices(device, processes)
     run = Run(
         fn, args, kwargs or {}, plan, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
-        hang_timeout=hang_timeout, run_dir=run_dir,
+        hang_timeout=hang_timeout, run_dir=run_dir, pool=pool,
     ).start()
     view = open_view(run, dashboard)
     view.start()
     try:
-        result = run.wait(echo=view.echo_logs)
+        result = run.wait(echo=view.echo_logs, on_tick=getattr(view, "poll", None))
     except BaseException as error:
         view.finish(None, error)
         raise

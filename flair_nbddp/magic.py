@@ -1,4 +1,5 @@
-"""IPython magics: ``%%ddp_train`` runs a cell on every device, ``%ddp_info`` shows devices and runs.
+"""IPython magics: ``%%ddp_train`` runs a cell on every device, ``%ddp_pool`` keeps warm workers for it,
+``%ddp_info`` shows devices and runs.
 
 Load them with ``%load_ext flair_nbddp``.
 
@@ -24,6 +25,7 @@ from .cell import execute_cell, names_to_ship
 from .devices import resolve_devices, visible_gpu_count
 from .launcher import launch, runs
 from .payload import ShippingError, describe_unpicklable
+from .pool import WorkerPool, current_pool, set_current_pool
 
 
 def _check_names(cell: str, namespace: dict) -> dict:
@@ -62,20 +64,30 @@ class DdpMagics(Magics):
         """Run the cell on every rank (flair's ``multi_gpu=True`` works in it); rank 0's last value is the output.
 
         Names the cell reads from the notebook (a corpus, a label type, helpers from earlier cells) are
-        shipped to the workers; nothing else is.
+        shipped to the workers; nothing else is. While ``%ddp_pool start`` holds warm workers, the cell
+        runs on them (``--processes``/``--device`` must then match the pool or be left out).
         """
         options = parse_argstring(self.ddp_train, line)
         if options.out is not None and not options.out.isidentifier():
             raise UsageError(f"--out {options.out!r} is not a valid variable name")
         shipped = _check_names(cell, self.shell.user_ns)
+        pool = current_pool()
+        if pool is not None and (options.processes or options.device):
+            wanted = (options.processes or pool.plan.world_size, options.device or pool.plan.device_type)
+            if wanted != (pool.plan.world_size, pool.plan.device_type):
+                raise UsageError(
+                    f"the warm pool runs {pool.plan.world_size} × {pool.plan.device_type}; drop --processes/--device "
+                    "to use it, or '%ddp_pool stop' first to launch cold workers of another size"
+                )
         try:
             result = launch(
                 execute_cell,
                 args=(cell, shipped),
-                processes=options.processes,
-                device=options.device,
+                processes=None if pool else options.processes,
+                device=None if pool else options.device,
                 timeout=options.timeout,
                 dashboard=False if options.no_dashboard else None,
+                pool=pool,
             )
         except ShippingError as error:
             raise UsageError(_unshippable(shipped) or str(error)) from None
@@ -84,6 +96,36 @@ class DdpMagics(Magics):
         if options.out:
             self.shell.user_ns[options.out] = result.value
         return result.value
+
+    @magic_arguments()
+    @argument("action", choices=["start", "stop", "status"], help="start warm workers, end them, or describe them")
+    @argument("processes", nargs="?", type=int, default=None, help="with start: number of workers")
+    @argument("--device", choices=["cpu", "cuda"], default=None, help="with start: default cuda when available")
+    @line_magic
+    def ddp_pool(self, line: str) -> WorkerPool | None:
+        """``%ddp_pool start [N]`` keeps N warm workers for ``%%ddp_train`` and the panel; ``stop`` ends them."""
+        options = parse_argstring(self.ddp_pool, line)
+        pool = current_pool()
+        if options.action == "start":
+            if pool is not None:
+                raise UsageError(f"a pool is already started ({pool.status()}); '%ddp_pool stop' ends it")
+            try:
+                pool = WorkerPool(options.processes, options.device)
+            except ValueError as error:
+                raise UsageError(str(error)) from None
+            pool.warm_up()
+            set_current_pool(pool)
+            print(pool.status())
+        elif options.action == "stop":
+            if pool is None:
+                print("no pool is started")
+                return None
+            pool.close()
+            set_current_pool(None)
+            print("pool stopped: its workers have exited")
+        else:
+            print(pool.status() if pool else "no pool is started: '%ddp_pool start [N]' starts one")
+        return None
 
     @line_magic
     def ddp_info(self, line: str = "") -> None:
@@ -103,6 +145,8 @@ class DdpMagics(Magics):
             f"versions: flair_nbddp {__version__}, flair {flair.__version__}, torch {torch.__version__}, "
             f"python {platform.python_version()}"
         )
+        pool = current_pool()
+        lines.append(pool.status() if pool else "no warm pool (%ddp_pool start [N] starts one)")
         history = runs()
         lines.append(f"runs in this kernel: {len(history)}")
         for number, run in enumerate(history, 1):

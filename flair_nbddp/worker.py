@@ -1,13 +1,14 @@
-"""The worker process: ``python -m flair_nbddp.worker``, one per rank, started by the launcher.
+"""The worker process: ``python -m flair_nbddp.worker``, one per rank, started by a WorkerGroup.
 
-Lifecycle: read the launch spec from stdin, listen to the parent, set the device, unpack the payload,
-join the process group, seed, run the function, write rank 0's result, leave the group. Stdout and
-stderr are the rank's log file (the parent tails rank 0's into the cell). Never imports IPython or
-ipywidgets.
+Lifecycle: read the spec from stdin, listen to the parent, set the device, join the process group,
+then run jobs: the spec's first one, and in a pool every job the parent sends after it. Each job is
+checked (a tiny all-reduce over every rank), seeded, run, and its rank-0 result written to a file.
+Stdout and stderr are the rank's log file (the parent tails rank 0's into the cell). Never imports
+IPython or ipywidgets.
 
-The channel to the parent carries events up and requests down (:data:`~flair_nbddp.events.STOP`); when
-it closes, the parent is gone (the kernel died or restarted) and the worker exits at once.
-``SIGUSR1`` writes every thread's Python stack to the rank's stacks file (the hang watchdog uses it).
+The channel to the parent carries events up and requests down (a job, STOP, EXIT); when it closes,
+the parent is gone (the kernel died or restarted) and the worker exits at once. ``SIGUSR1`` writes
+every thread's Python stack to the rank's stacks file (the hang watchdog uses it).
 """
 
 from __future__ import annotations
@@ -16,29 +17,16 @@ import datetime
 import faulthandler
 import json
 import os
+import queue
 import signal
 import sys
 import threading
 import traceback
 from typing import Any
 
-from .events import STOP, STOP_REQUESTED, EventSender, Failed, Finished, Heartbeat, ResultReady, Started
+from .events import EXIT, STOP, STOP_REQUESTED, EventSender, Failed, Finished, Heartbeat, ResultReady, Started
 
 HEARTBEAT_SECONDS = 1.0
-
-
-def _listen_to_parent(sender: EventSender, on_stop: threading.Event) -> None:
-    """Handle the parent's requests; exit as soon as its end of the channel closes."""
-
-    def listen() -> None:
-        try:
-            while True:
-                if sender.connection.recv() == STOP:
-                    on_stop.set()
-        except (EOFError, OSError):
-            os._exit(3)
-
-    threading.Thread(target=listen, name="flair_nbddp-parent", daemon=True).start()
 
 
 class _Vitals:
@@ -46,6 +34,7 @@ class _Vitals:
 
     device: Any = None
     counters: Any = None
+    idle = False  # a pool worker waiting for its next job sends no heartbeats
 
     def memory_bytes(self) -> int:
         if self.device is not None and self.device.type == "cuda":
@@ -55,6 +44,23 @@ class _Vitals:
         import psutil
 
         return int(psutil.Process().memory_info().rss)
+
+
+def _listen_to_parent(sender: EventSender, jobs: queue.Queue) -> None:
+    """Route the parent's requests; exit as soon as its end of the channel closes."""
+
+    def listen() -> None:
+        try:
+            while True:
+                message = sender.connection.recv()
+                if message == STOP:
+                    STOP_REQUESTED.set()
+                else:
+                    jobs.put(None if message == EXIT else message)
+        except (EOFError, OSError):
+            os._exit(3)
+
+    threading.Thread(target=listen, name="flair_nbddp-parent", daemon=True).start()
 
 
 def _main_thread_activity() -> int:
@@ -73,59 +79,32 @@ def _start_heartbeat(sender: EventSender, rank: int, vitals: _Vitals) -> None:
     def beat() -> None:
         while True:
             counters = vitals.counters
-            sender.send(
-                Heartbeat(
-                    rank,
-                    counters.step if counters else 0,
-                    counters.samples if counters else 0,
-                    counters.samples_per_second if counters else 0.0,
-                    vitals.memory_bytes(),
-                    activity=_main_thread_activity(),
+            if not vitals.idle:
+                sender.send(
+                    Heartbeat(
+                        rank,
+                        counters.step if counters else 0,
+                        counters.samples if counters else 0,
+                        counters.samples_per_second if counters else 0.0,
+                        vitals.memory_bytes(),
+                        activity=_main_thread_activity(),
+                    )
                 )
-            )
             pause.wait(HEARTBEAT_SECONDS)
 
     pause = threading.Event()
     threading.Thread(target=beat, name="flair_nbddp-heartbeat", daemon=True).start()
 
 
-def _join_process_group(spec: dict) -> None:
-    import torch.distributed as dist
-
-    # rank 0 serves the store on the loopback socket the parent bound for it
-    store = dist.TCPStore(
-        "127.0.0.1",
-        spec["port"],
-        spec["world_size"],
-        spec["rank"] == 0,
-        timeout=datetime.timedelta(seconds=spec["rendezvous_timeout"]),
-        master_listen_fd=spec.get("listen_fd"),
-    )
-    dist.init_process_group(spec["backend"], store=store, rank=spec["rank"], world_size=spec["world_size"])
-
-
-def _return_value(spec: dict, value: Any) -> None:
-    from . import flair_compat, payload
-
-    try:
-        payload.write_result(spec["result"], value)
-    except payload.ShippingError as error:
-        if flair_compat.SAVED_MODELS:
-            saved = ", ".join(str(path.resolve()) for path in flair_compat.SAVED_MODELS)
-            raise payload.ShippingError(f"{error} The trained model is safe: rank 0 saved {saved}.") from error
-        raise
-
-
-def run(spec: dict, sender: EventSender, vitals: _Vitals) -> None:
-    """Everything a rank does between start-up and exit (see the module docstring)."""
-    rank, world_size = spec["rank"], spec["world_size"]
+def set_up(spec: dict, sender: EventSender, vitals: _Vitals) -> None:
+    """Import, bend flair, pick the device and join the process group (once per worker)."""
     sys.path[:0] = [entry for entry in spec["sys_path"] if entry not in sys.path]
 
     import flair
     import torch
     import torch.distributed as dist
 
-    from . import flair_compat, payload
+    from . import flair_compat
 
     device = torch.device(spec["device"])
     if device.type == "cuda":
@@ -133,39 +112,95 @@ def run(spec: dict, sender: EventSender, vitals: _Vitals) -> None:
     flair.device = vitals.device = device
     vitals.counters = flair_compat.TrainingCounters()
     flair_compat.allow_cpu_ddp()
-    flair_compat.instrument_trainer(sender, rank, world_size, vitals.counters)
+    flair_compat.instrument_trainer(sender, spec["rank"], spec["world_size"], vitals.counters)
+    flair_compat.remember_logging()
+    # rank 0 serves the store on the loopback socket the parent bound for it
+    store = dist.TCPStore(
+        "127.0.0.1",
+        spec["port"],
+        spec["world_size"],
+        spec["rank"] == 0,
+        timeout=datetime.timedelta(seconds=spec["rendezvous_timeout"]),
+        master_listen_fd=spec["listen_fd"],
+    )
+    dist.init_process_group(spec["backend"], store=store, rank=spec["rank"], world_size=spec["world_size"])
 
-    fn, args, kwargs = payload.read_payload(spec["payload"])
-    _join_process_group(spec)
-    sender.send(Started(rank, os.getpid(), str(device)))
-    flair_compat.seed_everything(spec["seed"])
+
+def _check_health(world_size: int, device: Any) -> None:
+    """A tiny all-reduce over every rank before a job: the group is whole and answers."""
+    import torch
+    import torch.distributed as dist
+
+    ones = torch.ones(1, device=device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(ones)
+    if int(ones.item()) != world_size:
+        raise RuntimeError(f"health check failed: the all-reduce summed to {ones.item()}, not {world_size}")
+
+
+def _return_value(job: dict, value: Any) -> None:
+    from . import flair_compat, payload
+
+    try:
+        payload.write_result(job["result"], value)
+    except payload.ShippingError as error:
+        if flair_compat.SAVED_MODELS:
+            saved = ", ".join(str(path.resolve()) for path in flair_compat.SAVED_MODELS)
+            raise payload.ShippingError(f"{error} The trained model is safe: rank 0 saved {saved}.") from error
+        raise
+
+
+def run_job(spec: dict, job: dict, sender: EventSender, vitals: _Vitals) -> None:
+    """One job: fresh state, health check, seed, ``fn(*args, **kwargs)``, rank 0's result."""
+    import flair
+
+    from . import flair_compat, payload
+
+    rank = spec["rank"]
+    flair_compat.reset_between_jobs(vitals.device)
+    vitals.counters.reset()
+    flair.device = vitals.device
+    fn, args, kwargs = payload.read_payload(job["payload"])
+    _check_health(spec["world_size"], vitals.device)
+    sender.send(Started(rank, os.getpid(), str(vitals.device)))
+    flair_compat.seed_everything(job["seed"])
 
     value = fn(*args, **kwargs)
 
     if rank == 0:
-        _return_value(spec, value)
-        sender.send(ResultReady(0, spec["result"]))
+        _return_value(job, value)
+        sender.send(ResultReady(0, job["result"]))
     sender.send(Finished(rank))
-    dist.destroy_process_group()
 
 
 def main() -> None:
     """Entry point of ``python -m flair_nbddp.worker`` (the spec arrives as JSON on stdin)."""
     spec = json.loads(sys.stdin.read())
     sender = EventSender.from_fd(spec["fd"])
-    _listen_to_parent(sender, STOP_REQUESTED)
+    jobs: queue.Queue = queue.Queue()
+    _listen_to_parent(sender, jobs)
     vitals = _Vitals()
     _start_heartbeat(sender, spec["rank"], vitals)
     stacks = open(spec["stacks"], "w")  # noqa: SIM115 - stays open for faulthandler until exit
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    job = spec["job"]
     try:
-        run(spec, sender, vitals)
+        set_up(spec, sender, vitals)
+        while job is not None:
+            run_job(spec, job, sender, vitals)
+            if not spec["stay"]:
+                break
+            vitals.idle = True
+            job = jobs.get()
+            vitals.idle = False
     except BaseException as error:  # noqa: BLE001 - every failure is reported to the parent
         formatted = traceback.format_exc()
         print(formatted, file=sys.stderr, flush=True)
         sender.send(Failed(spec["rank"], type(error).__name__, str(error), formatted))
         # skip interpreter teardown: a collective's peers may be gone, and destroying the group could hang
         os._exit(1)
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
 

@@ -1,0 +1,157 @@
+"""Warm workers: a pool whose processes stay up across cells, with imports done and the process group up.
+
+A cold launch pays a new interpreter, ``import torch, flair``, the device context and the process group
+on every rank (seconds on CPU, ~30 s to the first batch on an H200 machine). A pool pays that once.
+
+Example:
+    >>> from flair_nbddp import WorkerPool
+    >>> with WorkerPool(processes=2, device="cpu") as pool:          # doctest: +SKIP
+    ...     first = pool.launch_distributed(train, corpus, lr=1e-3)
+    ...     second = pool.launch_distributed(train, corpus, lr=3e-3)  # starts at once
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from .devices import DevicePlan, resolve_devices
+from .group import WorkerGroup
+from .result import RunResult
+
+_CURRENT: WorkerPool | None = None
+
+
+class WorkerPool:
+    """Workers started once and reused by every job launched through the pool.
+
+    Jobs are isolated: each gets a fresh unpickled function, a reset flair logger, its own seed, a cleared
+    CUDA cache, and a health check (a tiny all-reduce on every rank) before it starts. A failed or stopped
+    job, or a failed health check, recycles the workers: the next job starts on fresh ones, and the pool
+    says so. The workers exit with the kernel, like any worker.
+
+    Args:
+        processes: number of workers; default every visible GPU, else 2 CPU processes.
+        device: ``"cuda"``, ``"cpu"`` or None (automatic), as for :func:`~flair_nbddp.launch`.
+    """
+
+    def __init__(self, processes: int | None = None, device: str | None = None) -> None:
+        from .launcher import runs_root
+
+        self.plan: DevicePlan = resolve_devices(device, processes)
+        self.run_dir = Path(tempfile.mkdtemp(prefix="pool-", dir=runs_root()))
+        self.jobs_run = 0
+        self.recycled = 0
+        self.notes: list[str] = []  # what the pool did on its own (recycling), newest last
+        self._group: WorkerGroup | None = None
+        self._needs_recycle: str | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- used by Run ------------------------------------------------------------------------------
+    def submit(self, job: dict[str, Any]) -> WorkerGroup:
+        """Hand ``job`` to every worker (starting or recycling them first) and return their group."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this WorkerPool is closed: start a new one (WorkerPool(...) or %ddp_pool start)")
+            group = self._group
+            reason = self._needs_recycle
+            if group is not None and reason is None and not group.alive:
+                reason = f"worker(s) {sorted(group.dead_ranks())} had exited"
+            if group is not None and reason is not None:
+                group.close(grace=1.0)
+                self.recycled += 1
+                self._note(f"recycled the pool's workers ({reason}); this job starts on fresh ones")
+                group = None
+            self._needs_recycle = None
+            if group is None:
+                self._group = WorkerGroup(self.plan, self.run_dir).start(job, stay=True)
+            else:
+                group.send_all(job)
+            self.jobs_run += 1
+            return self._group
+
+    def job_ended(self, clean: bool, reason: str) -> None:
+        """Called when a job ends; an unclean end (failed, stopped) recycles the workers before the next job."""
+        if not clean:
+            with self._lock:
+                self._needs_recycle = f"the last job {reason}"
+                if self._group is not None:
+                    self._group.terminate()
+
+    def _note(self, message: str) -> None:
+        self.notes.append(message)
+        print(f"flair_nbddp: {message}", flush=True)
+
+    # -- public -----------------------------------------------------------------------------------
+    def launch(self, fn: Callable, args: tuple = (), kwargs: dict | None = None, **options: Any) -> RunResult:
+        """:func:`flair_nbddp.launch` on the pool's workers (same options but ``processes``/``device``)."""
+        from .launcher import launch
+
+        if "processes" in options or "device" in options:
+            raise TypeError("a pool's processes and device are fixed when it starts: WorkerPool(processes, device)")
+        return launch(fn, args, kwargs, pool=self, **options)
+
+    def launch_distributed(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """:func:`flair_nbddp.launch_distributed` on the pool's workers: rank 0's return value."""
+        return self.launch(fn, args, kwargs).value
+
+    @property
+    def started(self) -> bool:
+        """True while the workers are up."""
+        return self._group is not None and self._group.alive and not self._closed
+
+    @property
+    def pids(self) -> list[int]:
+        """The workers' process ids (empty before the first job or after ``close``)."""
+        return self._group.pids if self.started else []
+
+    def status(self) -> str:
+        """One line: size, device, whether the workers are up, jobs run, recycles."""
+        state = "closed" if self._closed else "warm" if self.started else "idle (workers start with the next job)"
+        return (
+            f"WorkerPool: {self.plan.world_size} × {self.plan.device_type} ({self.plan.backend}), {state}; "
+            f"{self.jobs_run} job(s) run, {self.recycled} recycle(s); logs {self.run_dir}"
+        )
+
+    def warm_up(self) -> WorkerPool:
+        """Start the workers now (a trivial job), so the first real job starts warm."""
+        self.launch(_nothing, dashboard=False)
+        return self
+
+    def close(self) -> None:
+        """End the workers (they leave their process group and exit). The pool cannot be used afterwards."""
+        global _CURRENT
+        with self._lock:
+            self._closed = True
+            if self._group is not None:
+                self._group.close()
+                self._group = None
+        if _CURRENT is self:
+            _CURRENT = None
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{self.status()}>"
+
+
+def _nothing() -> None:
+    return None
+
+
+def current_pool() -> WorkerPool | None:
+    """The pool started with ``%ddp_pool start`` (or :func:`set_current_pool`), which the magic and panel use."""
+    return _CURRENT if _CURRENT is not None and not _CURRENT._closed else None
+
+
+def set_current_pool(pool: WorkerPool | None) -> None:
+    """Make ``pool`` the one ``%%ddp_train`` and the panel run on (None: cold launches again)."""
+    global _CURRENT
+    _CURRENT = pool
