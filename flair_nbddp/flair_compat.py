@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import logging
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,39 +25,13 @@ from flair.trainers.plugins.base import TrainingInterrupt
 from flair.trainers.plugins.metric_records import MetricRecord
 
 from .events import STOP_REQUESTED, EventSender, Metric, Progress, Stopped
+from .counters import TrainingCounters
 
 SAVED_MODELS: list[Path] = []  # model files flair wrote during the current job, newest last
-_LOGGING: dict[str, Any] = {}  # the flair logger as the worker started, restored before every job
 
 
 class MissingMultiGpuError(RuntimeError):
     """``.train()``/``.fine_tune()`` was called without ``multi_gpu=True`` in a run of several processes."""
-
-
-class TrainingCounters:
-    """Throughput of this rank, shared between the plugin (writer) and the heartbeat thread (reader)."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.step = 0
-        self.samples = 0
-        self.training_seconds = 0.0
-        self._batch_started: float | None = None
-
-    def batch_started(self) -> None:
-        self._batch_started = time.perf_counter()
-
-    def batch_done(self, samples: int) -> None:
-        if self._batch_started is not None:
-            self.training_seconds += time.perf_counter() - self._batch_started
-        self.step += 1
-        self.samples += samples
-
-    @property
-    def samples_per_second(self) -> float:
-        return self.samples / self.training_seconds if self.training_seconds else 0.0
 
 
 def _all_ranks_agree_to_stop() -> bool:
@@ -169,30 +141,9 @@ def instrument_trainer(sender: EventSender, rank: int, world_size: int, counters
     ModelTrainer.train_custom = train_custom
 
 
-def remember_logging() -> None:
-    """Note the flair logger's handlers and level as the worker starts."""
-    log = logging.getLogger("flair")
-    _LOGGING.update(handlers=list(log.handlers), level=log.level)
-
-
 def reset_between_jobs(device: torch.device) -> None:
-    """Undo what a job may leave behind for the next one on a warm worker.
-
-    flair disables its logger on ranks > 0 and never re-enables it, and a failed training can leave
-    its log-file handler attached; a stop request, saved-model notes and cached GPU memory are per job.
-    """
-    STOP_REQUESTED.clear()
+    """Drop what a job leaves behind for the next one on a warm worker: saved-model notes, cached GPU memory."""
     SAVED_MODELS.clear()
-    log = logging.getLogger("flair")
-    for handler in [h for h in log.handlers if h not in _LOGGING["handlers"]]:
-        log.removeHandler(handler)
-        handler.close()
-    log.disabled, log.level = False, _LOGGING["level"]
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
-
-def seed_everything(seed: int) -> None:
-    """Seed ``random``, numpy and torch the same way on every rank (flair's corpus check samples with ``random``)."""
-    flair.set_seed(seed)

@@ -7,7 +7,7 @@ file-less ``__main__``) travel by value. Two kinds of object take another path:
   handles span labels (plain pickling of those fails in flair 0.15.1). Each rank re-encodes what it
   rebuilt and checks it against the parent's hash.
 * flair models travel through flair's own ``save``/``load`` state (plain pickling fails for some
-  embeddings) and arrive on CPU.
+  embeddings); in a worker they land on its device, back in the notebook on CPU.
 
 The payload is written once to a file that every rank reads; it is never sent once per worker.
 
@@ -25,6 +25,8 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import threading
+import warnings
 from typing import Any, Callable
 
 import cloudpickle
@@ -59,17 +61,31 @@ def _model_bytes(model: Any) -> bytes:
     return buffer.getvalue()
 
 
+_MODELS_TO_NOTEBOOK = threading.local()  # set while the parent reads a result: models land on CPU there
+
+
 def rebuild_model(model_class: type, data: bytes) -> Any:
-    """Load a flair model from the bytes of its saved state, on CPU and in eval mode."""
+    """Load a flair model from the bytes of its saved state, in eval mode.
+
+    In a worker it lands on the worker's ``flair.device``. In the notebook (reading a result) it lands on
+    CPU, and flair's device there is set to CPU too, so ``predict`` works at once and the kernel takes
+    no GPU memory from the workers.
+    """
     import flair
     import torch
 
     state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-    device, flair.device = flair.device, torch.device("cpu")
-    try:
+    if not getattr(_MODELS_TO_NOTEBOOK, "active", False):
         return model_class.load(state)
-    finally:
-        flair.device = device
+    if flair.device.type != "cpu":
+        warnings.warn(
+            f"flair_nbddp set flair.device from {flair.device} to cpu in this notebook so the returned "
+            f"{model_class.__name__} can predict here without taking GPU memory from the workers. To use a GPU "
+            "in the notebook afterwards: model.to('cuda'); flair.device = torch.device('cuda').",
+            stacklevel=2,
+        )
+        flair.device = torch.device("cpu")
+    return model_class.load(state)
 
 
 def rebuild_corpus(data: bytes, digest: str) -> Any:
@@ -221,6 +237,13 @@ def write_result(path: str | os.PathLike, value: Any) -> None:
 
 
 def read_result(path: str | os.PathLike) -> Any:
-    """Read a value written by :func:`write_result` (in the parent, from its own run directory)."""
-    with open(path, "rb") as handle:
-        return cloudpickle.load(handle)
+    """Read a value written by :func:`write_result` (in the parent, from its own run directory).
+
+    Flair models in it arrive on CPU (see :func:`rebuild_model`).
+    """
+    _MODELS_TO_NOTEBOOK.active = True
+    try:
+        with open(path, "rb") as handle:
+            return cloudpickle.load(handle)
+    finally:
+        _MODELS_TO_NOTEBOOK.active = False

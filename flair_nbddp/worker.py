@@ -1,7 +1,7 @@
 """The worker process: ``python -m flair_nbddp.worker``, one per rank, started by a WorkerGroup.
 
 Lifecycle: read the spec from stdin, listen to the parent, set the device, join the process group,
-then run jobs: the spec's first one, and in a pool every job the parent sends after it. Each job is
+bend flair once it is imported, then run jobs: the spec's first one, and in a pool every job the parent sends after it. Each job is
 checked (a tiny all-reduce over every rank), seeded, run, and its rank-0 result written to a file.
 Stdout and stderr are the rank's log file (the parent tails rank 0's into the cell). Never imports
 IPython or ipywidgets.
@@ -15,26 +15,55 @@ from __future__ import annotations
 
 import datetime
 import faulthandler
+import importlib.abc
+import importlib.util
 import json
+import logging
 import os
 import queue
 import signal
 import sys
 import threading
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 from .events import EXIT, STOP, STOP_REQUESTED, EventSender, Failed, Finished, Heartbeat, ResultReady, Started
 
 HEARTBEAT_SECONDS = 1.0
 
 
+class _LoggerState:
+    """The ``flair`` logger as set up, restored before every job.
+
+    flair disables its logger on ranks > 0 and never re-enables it, and a failed training can leave its
+    log-file handler attached: on a warm worker the next job would inherit both.
+    """
+
+    def __init__(self) -> None:
+        self._handlers: list = []
+        self._level = 0
+
+    def remember(self) -> None:
+        log = logging.getLogger("flair")
+        self._handlers, self._level = list(log.handlers), log.level
+
+    def restore(self) -> None:
+        log = logging.getLogger("flair")
+        for handler in [h for h in log.handlers if h not in self._handlers]:
+            log.removeHandler(handler)
+            handler.close()
+        log.disabled, log.level = False, self._level
+
+
 class _Vitals:
-    """What the heartbeat reports; filled in as the worker gets going (imports come first)."""
+    """What the heartbeat reports, and what a job resets; filled in as the worker gets going."""
 
     device: Any = None
     counters: Any = None
     idle = False  # a pool worker waiting for its next job sends no heartbeats
+
+    def __init__(self) -> None:
+        self.flair_logger = _LoggerState()
 
     def memory_bytes(self) -> int:
         if self.device is not None and self.device.type == "cuda":
@@ -96,24 +125,61 @@ def _start_heartbeat(sender: EventSender, rank: int, vitals: _Vitals) -> None:
     threading.Thread(target=beat, name="flair_nbddp-heartbeat", daemon=True).start()
 
 
+def _when_imported(name: str, callback: Callable[[], None]) -> None:
+    """Run ``callback`` right after module ``name`` is first imported (at once if it already is)."""
+    if name in sys.modules:
+        callback()
+        return
+
+    class AfterImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            load = spec.loader.exec_module
+
+            def exec_module(module: Any) -> None:
+                load(module)
+                callback()
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, AfterImport())
+
+
+def _bend_flair(spec: dict, sender: EventSender, vitals: _Vitals) -> None:
+    """Point flair at this rank's device and instrument its trainer (once flair is imported)."""
+    import flair
+
+    from . import flair_compat
+
+    flair.device = vitals.device
+    flair_compat.allow_cpu_ddp()
+    flair_compat.instrument_trainer(sender, spec["rank"], spec["world_size"], vitals.counters)
+    vitals.flair_logger.remember()  # with the handlers flair's import configured
+
+
 def set_up(spec: dict, sender: EventSender, vitals: _Vitals) -> None:
-    """Import, bend flair, pick the device and join the process group (once per worker)."""
+    """Pick the device and join the process group (once per worker).
+
+    flair is bent as soon as it is imported, by the job or by its payload: a job that never imports flair
+    does not pay for it (seconds per worker).
+    """
     sys.path[:0] = [entry for entry in spec["sys_path"] if entry not in sys.path]
 
-    import flair
     import torch
     import torch.distributed as dist
 
-    from . import flair_compat
+    from .counters import TrainingCounters
 
     device = torch.device(spec["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    flair.device = vitals.device = device
-    vitals.counters = flair_compat.TrainingCounters()
-    flair_compat.allow_cpu_ddp()
-    flair_compat.instrument_trainer(sender, spec["rank"], spec["world_size"], vitals.counters)
-    flair_compat.remember_logging()
+    vitals.device, vitals.counters = device, TrainingCounters()
+    vitals.flair_logger.remember()
+    _when_imported("flair", lambda: _bend_flair(spec, sender, vitals))
     # rank 0 serves the store on the loopback socket the parent bound for it
     store = dist.TCPStore(
         "127.0.0.1",
@@ -138,31 +204,41 @@ def _check_health(world_size: int, device: Any) -> None:
 
 
 def _return_value(job: dict, value: Any) -> None:
-    from . import flair_compat, payload
+    from . import payload
 
     try:
         payload.write_result(job["result"], value)
     except payload.ShippingError as error:
-        if flair_compat.SAVED_MODELS:
-            saved = ", ".join(str(path.resolve()) for path in flair_compat.SAVED_MODELS)
+        saved_models = sys.modules["flair_nbddp.flair_compat"].SAVED_MODELS if "flair" in sys.modules else []
+        if saved_models:
+            saved = ", ".join(str(path.resolve()) for path in saved_models)
             raise payload.ShippingError(f"{error} The trained model is safe: rank 0 saved {saved}.") from error
         raise
 
 
+def _reset_between_jobs(vitals: _Vitals) -> None:
+    STOP_REQUESTED.clear()
+    vitals.counters.reset()
+    vitals.flair_logger.restore()
+    if "flair" in sys.modules:
+        import flair
+
+        from . import flair_compat
+
+        flair_compat.reset_between_jobs(vitals.device)
+        flair.device = vitals.device
+
+
 def run_job(spec: dict, job: dict, sender: EventSender, vitals: _Vitals) -> None:
     """One job: fresh state, health check, seed, ``fn(*args, **kwargs)``, rank 0's result."""
-    import flair
-
-    from . import flair_compat, payload
+    from . import payload
 
     rank = spec["rank"]
-    flair_compat.reset_between_jobs(vitals.device)
-    vitals.counters.reset()
-    flair.device = vitals.device
+    _reset_between_jobs(vitals)
     fn, args, kwargs = payload.read_payload(job["payload"])
     _check_health(spec["world_size"], vitals.device)
     sender.send(Started(rank, os.getpid(), str(vitals.device)))
-    flair_compat.seed_everything(job["seed"])
+    _seed_everything(job["seed"])
 
     value = fn(*args, **kwargs)
 
@@ -170,6 +246,19 @@ def run_job(spec: dict, job: dict, sender: EventSender, vitals: _Vitals) -> None
         _return_value(job, value)
         sender.send(ResultReady(0, job["result"]))
     sender.send(Finished(rank))
+
+
+def _seed_everything(seed: int) -> None:
+    """The same seed on every rank (flair's corpus check samples with ``random``): what ``flair.set_seed`` does."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
 
 
 def main() -> None:

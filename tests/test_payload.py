@@ -82,3 +82,26 @@ def test_result_round_trip_of_plain_data(tmp_path):
     payload.write_result(tmp_path / "r.pkl", value)
     assert payload.read_result(tmp_path / "r.pkl") == value
     assert json.dumps(value)  # sanity: plain data stays plain
+
+
+def test_returned_model_moves_a_gpu_notebook_to_cpu(tmp_path, tiny_model_path, monkeypatch):
+    """On a GPU machine the notebook's flair.device is cuda: the model must still predict there, on CPU."""
+    import flair
+    import torch
+    from flair.data import Sentence
+    from flair.embeddings import TransformerDocumentEmbeddings
+    from flair.models import TextClassifier
+
+    from flair_nbddp.synthetic import sentiment_corpus
+
+    corpus = sentiment_corpus(8, 2, 2)
+    model = TextClassifier(TransformerDocumentEmbeddings(tiny_model_path), label_type="sentiment",
+                           label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False))
+    payload.write_result(tmp_path / "r.pkl", model)
+    monkeypatch.setattr(flair, "device", torch.device("cuda:0"))  # what a GPU machine's notebook has
+    with pytest.warns(UserWarning, match="set flair.device from cuda:0 to cpu"):
+        back = payload.read_result(tmp_path / "r.pkl")
+    assert flair.device == torch.device("cpu") and next(back.parameters()).device.type == "cpu"
+    sentence = Sentence("a superb film")
+    back.predict(sentence)
+    assert sentence.get_label("sentiment").value in {"POSITIVE", "NEGATIVE"}

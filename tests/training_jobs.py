@@ -26,3 +26,20 @@ def train_sentiment(model_path: str, base_path: str, epochs: int = 20, batch: in
 def train_then_return_a_generator(model_path: str, base_path: str):
     train_sentiment(model_path, base_path, epochs=1, batch=16, docs=64)
     return (line for line in ["not", "picklable"])
+
+
+def train_ner(corpus, base_path: str, epochs: int = 8):
+    """A small SequenceTagger (one-hot word embeddings, an LSTM, no CRF) on a span-labelled corpus."""
+    from flair.embeddings import OneHotEmbeddings
+    from flair.models import SequenceTagger
+    from flair.trainers import ModelTrainer
+
+    embeddings = OneHotEmbeddings.from_corpus(corpus, embedding_length=32, min_freq=1)
+    tagger = SequenceTagger(
+        hidden_size=32, embeddings=embeddings, tag_dictionary=corpus.make_label_dictionary("ner"),
+        tag_type="ner", use_crf=False,
+    )
+    scores = ModelTrainer(tagger, corpus).train(
+        base_path, max_epochs=epochs, mini_batch_size=16, learning_rate=0.1, multi_gpu=True
+    )
+    return {"test_score": scores["test_score"], "model": tagger}
