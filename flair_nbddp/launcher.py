@@ -145,10 +145,14 @@ class Run:
             self.group = self.pool.submit(job)
         else:
             self.group = WorkerGroup(self.plan, self.run_dir).start(job, stay=False)
-        self._supervisor = threading.Thread(
-            target=self._supervise, args=(tail,), name="flair_nbddp-supervisor", daemon=True
-        )
-        self._supervisor.start()
+        try:
+            self._supervisor = threading.Thread(
+                target=self._supervise, args=(tail,), name="flair_nbddp-supervisor", daemon=True
+            )
+            self._supervisor.start()
+        except BaseException:  # an interrupt right here must not leave workers behind
+            self.group.terminate()
+            raise
         _RUNS.append(self)
         return self
 
@@ -267,6 +271,13 @@ class Run:
             f"Raise hang_timeout= if a step can legitimately take that long. Logs: {self.run_dir}"
         )
 
+    def kill(self) -> RunResult:
+        """End every worker now (SIGTERM, then SIGKILL after a second) and collect what there is."""
+        self.group.terminate(grace=1.0)
+        self._done.wait(TERMINATE_GRACE_SECONDS * 2)
+        self._ended_by = self._ended_by or "stop"
+        return self._finish()
+
     def wait(self, echo: bool = False, on_tick: Callable[[], None] | None = None) -> RunResult:
         """Block until the run ends; with ``echo``, print rank 0's output lines as they arrive.
 
@@ -290,10 +301,7 @@ class Run:
                     )
                     self.stop()
                     continue
-                self.group.terminate(grace=1.0)
-                self._done.wait(TERMINATE_GRACE_SECONDS * 2)
-                self._ended_by = self._ended_by or "stop"
-                self._finish()
+                self.kill()
                 raise
         self._echo(echo)
         return self._finish()
@@ -421,12 +429,16 @@ def launch(
         fn, args, kwargs or {}, plan, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
         hang_timeout=hang_timeout, run_dir=run_dir, pool=pool,
     ).start()
-    view = open_view(run, dashboard)
-    view.start()
+    view = None
     try:
-        result = run.wait(echo=view.echo_logs, on_tick=getattr(view, "poll", None))
+        view = open_view(run, dashboard)
+        view.start()
+        result = run.wait(echo=view.echo_logs, on_tick=view.poll)
     except BaseException as error:
-        view.finish(None, error)
+        if view is None:  # interrupted before the run was being watched: end it here
+            run.kill()
+        else:
+            view.finish(None, error)
         raise
     view.finish(result, result.error)
     if result.error is not None:

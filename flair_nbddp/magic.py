@@ -42,7 +42,7 @@ def _check_names(cell: str, namespace: dict) -> dict:
 
 def _unshippable(shipped: dict) -> str | None:
     for name, value in shipped.items():
-        message = describe_unpicklable(f"variable {name!r}", value, where="this cell")
+        message = describe_unpicklable(f"variable {name!r}", name, value, where="this cell")
         if message:
             return message
     return None
@@ -59,6 +59,7 @@ class DdpMagics(Magics):
     @argument("--out", default=None, metavar="NAME", help="also store rank 0's value in this notebook variable")
     @argument("--no-dashboard", action="store_true", help="print rank 0's log instead of the live dashboard")
     @argument("--timeout", type=float, default=None, metavar="S", help="end the run after S seconds")
+    @argument("--seed", type=int, default=None, help="the seed every rank gets (default: a random one)")
     @cell_magic
     def ddp_train(self, line: str, cell: str):
         """Run the cell on every rank (flair's ``multi_gpu=True`` works in it); rank 0's last value is the output.
@@ -86,6 +87,7 @@ class DdpMagics(Magics):
                 processes=None if pool else options.processes,
                 device=None if pool else options.device,
                 timeout=options.timeout,
+                seed=options.seed,
                 dashboard=False if options.no_dashboard else None,
                 pool=pool,
             )

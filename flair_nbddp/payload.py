@@ -113,7 +113,10 @@ class _Pickler(cloudpickle.Pickler):
             from . import codec
 
             if codec.supports(obj):
-                data = codec.encode(obj)
+                try:
+                    data = codec.encode(obj)
+                except TypeError:  # content the codec cannot keep exactly: cloudpickle ships it instead
+                    return super().reducer_override(obj)
                 return rebuild_corpus, (data, hashlib.sha256(data).hexdigest())
         return super().reducer_override(obj)
 
@@ -165,13 +168,20 @@ def find_unpicklable(obj: Any, path: str = "", depth: int = 6) -> tuple[str, Any
     return path, obj, error
 
 
-def describe_unpicklable(label: str, obj: Any, where: str = "the training function") -> str | None:
-    """A sentence naming what in ``obj`` cannot be shipped and how to fix it, or None if it all pickles."""
+def describe_unpicklable(label: str, name: str, obj: Any, where: str = "the training function") -> str | None:
+    """A sentence naming what in ``obj`` cannot be shipped and how to fix it, or None if it all pickles.
+
+    Example:
+        >>> import threading
+        >>> print(describe_unpicklable("variable 'cfg'", "cfg", {"lock": threading.Lock()}, "this cell"))
+        ... # doctest: +ELLIPSIS
+        variable 'cfg' (dict) cannot be sent to the worker processes: cfg['lock'] is a lock that cannot be ...
+    """
     found = find_unpicklable(obj)
     if found is None:
         return None
     path, part, error = found
-    inner = f": its part {label}{path} is a {type(part).__name__}" if path else ""
+    inner = f": {name}{path} is a {type(part).__name__}" if path else ""
     return (
         f"{label} ({type(obj).__name__}) cannot be sent to the worker processes{inner} that cannot be pickled "
         f"({type(error).__name__}: {error}). Build it inside {where} instead, or pass what it is made from."
@@ -180,11 +190,11 @@ def describe_unpicklable(label: str, obj: Any, where: str = "the training functi
 
 def _describe_failure(fn: Callable, args: tuple, kwargs: dict, error: Exception) -> str:
     """Name the piece of the call that cannot be pickled (checked one by one only after a failure)."""
-    pieces = [("the function", fn)]
-    pieces += [(f"argument {i}", arg) for i, arg in enumerate(args)]
-    pieces += [(name, value) for name, value in kwargs.items()]
-    for label, piece in pieces:
-        message = describe_unpicklable(label, piece)
+    pieces = [("the function", "fn", fn)]
+    pieces += [(f"argument {i}", f"args[{i}]", arg) for i, arg in enumerate(args)]
+    pieces += [(f"argument {name!r}", name, value) for name, value in kwargs.items()]
+    for label, name, piece in pieces:
+        message = describe_unpicklable(label, name, piece)
         if message:
             return message
     return f"the call cannot be sent to the worker processes: {type(error).__name__}: {error}"

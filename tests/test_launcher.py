@@ -43,7 +43,7 @@ def main(corpus, epochs):
     print("rank", dist.get_rank(), "says goodbye")
     return {{"score": scores["test_score"], "world": dist.get_world_size(), "model": model}}
 
-result = flair_nbddp.launch(main, args=(corpus,), kwargs={{"epochs": 4}})
+result = flair_nbddp.launch(main, args=(corpus,), kwargs={{"epochs": 6}}, seed=1)
 positive, negative = Sentence("a superb wonderful brilliant film"), Sentence("an awful boring dreadful plot")
 result.value["model"].predict([positive, negative])
 print(json.dumps({{
@@ -63,10 +63,10 @@ print(json.dumps({{
     assert report["score"] >= 0.75, report  # learned: chance is 0.5
     assert report["predictions"] == ["POSITIVE", "NEGATIVE"]
     assert report["device"] == "cpu"
-    assert len(report["losses"]) == 4 and report["losses"][-1] < report["losses"][0]
+    assert len(report["losses"]) == 6 and report["losses"][-1] < report["losses"][0]
     assert report["first_batch"] > 0 and report["sps"] > 0
     # rank 0's log reached the "cell"; rank 1's did not, but its file has it
-    assert "EPOCH 4 done" in cell_output and "rank 0 says goodbye" in cell_output
+    assert "EPOCH 6 done" in cell_output and "rank 0 says goodbye" in cell_output
     assert "rank 1 says goodbye" not in cell_output
     assert "rank 1 says goodbye" in open(report["logs"]["1"]).read()
     assert not any(psutil.pid_exists(pid) for pid in report["pids"])

@@ -34,7 +34,7 @@ print(fn(*args, **kwargs))
 
 
 def test_unpicklable_argument_is_named_before_anything_starts(tmp_path):
-    with pytest.raises(payload.ShippingError, match=r"guard \(lock\) cannot be sent"):
+    with pytest.raises(payload.ShippingError, match=r"argument 'guard' \(lock\) cannot be sent"):
         payload.write_payload(tmp_path / "p.pkl", print, (1, 2), {"guard": threading.Lock()})
     assert not (tmp_path / "p.pkl").exists()
 

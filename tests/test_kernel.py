@@ -1,0 +1,140 @@
+"""The magic, interrupts and a soak, in a real IPython kernel (jupyter_client), 2 CPU processes with gloo."""
+
+import os
+import time
+
+import pytest
+
+from jupyter_kernel import running_kernel
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+PROBE = (
+    "import os, threading, psutil\n"
+    "me = psutil.Process()\n"
+    "print('PROBE', len(me.children(recursive=True)), threading.active_count(), len(os.listdir('/proc/self/fd')),"
+    " len([c for c in me.connections('inet') if c.status == psutil.CONN_LISTEN]))\n"
+)
+
+
+def probe(kernel) -> tuple[int, ...]:
+    """(child processes, threads, open file descriptors, listening sockets) of the kernel."""
+    out = kernel.execute(PROBE).stdout
+    return tuple(int(x) for x in out.split("PROBE", 1)[1].split())
+
+
+@pytest.fixture
+def kernel():
+    with running_kernel(env={"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}) as kernel:
+        yield kernel
+
+
+def _ok(result):
+    assert result.error is None, result.error and "\n".join(result.error["traceback"])[-3000:]
+    return result
+
+
+def test_magic_trains_with_names_from_earlier_cells_and_reports_mistakes(kernel, tiny_model_path, tmp_path):
+    _ok(kernel.execute("%load_ext flair_nbddp"))
+    _ok(kernel.execute(f"""
+from flair_nbddp.synthetic import sentiment_corpus
+from flair.embeddings import TransformerDocumentEmbeddings
+from flair.models import TextClassifier
+from flair.trainers import ModelTrainer
+corpus = sentiment_corpus(n_train=160, n_dev=30, n_test=40, seed=5)
+label_type = "sentiment"
+def make_classifier(corpus):
+    return TextClassifier(TransformerDocumentEmbeddings({tiny_model_path!r}, fine_tune=True), label_type=label_type,
+                          label_dictionary=corpus.make_label_dictionary(label_type, add_unk=False))
+"""))
+    trained = _ok(kernel.execute(f"""%%ddp_train --out scores --no-dashboard --seed 1
+import torch.distributed as dist
+result = ModelTrainer(make_classifier(corpus), corpus).fine_tune(
+    {str(tmp_path / "out")!r}, max_epochs=6, mini_batch_size=8, learning_rate=5e-3, multi_gpu=True)
+{{"score": result["test_score"], "world": dist.get_world_size()}}
+""", timeout=300))
+    assert "'world': 2" in trained.data("text/plain")[-1]  # the cell's output: rank 0's last value
+    assert _ok(kernel.execute("print(scores['score'] >= 0.75, scores['world'])")).stdout.strip() == "True 2"
+
+    # IPython shows a UsageError as one line on stderr, without a traceback, and the cell fails
+    undefined = kernel.execute("%%ddp_train --no-dashboard\nnot_defined_anywhere + 1")
+    assert undefined.reply["status"] == "error"
+    assert undefined.stderr.startswith("UsageError: the cell uses 'not_defined_anywhere', not defined in the notebook")
+    _ok(kernel.execute("import threading\nholder = {'guard': threading.Lock()}"))
+    unpicklable = kernel.execute("%%ddp_train --no-dashboard\nholder")
+    assert unpicklable.reply["status"] == "error"
+    assert "UsageError: variable 'holder' (dict)" in unpicklable.stderr and "holder['guard'] is a lock" in unpicklable.stderr
+    bad_option = kernel.execute("%%ddp_train --bogus\n1")
+    assert bad_option.reply["status"] == "error" and "UsageError" in bad_option.stderr
+    assert probe(kernel)[0] == 0  # no worker left
+
+
+LONG_TRAINING = """
+import flair_nbddp
+from training_jobs import train_sentiment
+result = flair_nbddp.launch(train_sentiment, args=({model!r}, {base!r}))
+print("STATUS", result.status, result.checkpoint)
+"""
+
+
+def test_kernel_interrupt_stops_gracefully_and_the_kernel_can_run_again(kernel, tiny_model_path, tmp_path):
+    msg_id = kernel.submit(LONG_TRAINING.format(model=tiny_model_path, base=str(tmp_path / "out")))
+
+    def training() -> bool:
+        return any(m.state.get("value", 0) > 0.001 for m in kernel.widgets_with_class("nbddp-progress"))
+
+    kernel.collect(msg_id, timeout=180, until=training)
+    assert training(), "the dashboard never showed progress"
+    interrupted = time.monotonic()
+    kernel.interrupt()
+    result = kernel.collect(msg_id, timeout=60)
+    freed_after = time.monotonic() - interrupted
+    _ok(result)
+    assert f"STATUS stopped {tmp_path / 'out' / 'final-model.pt'}" in result.stdout
+    assert freed_after < 10, f"the cell was busy {freed_after:.1f} s after the interrupt"
+    assert probe(kernel)[0] == 0
+    again = _ok(kernel.execute("print(flair_nbddp.launch(abs, args=(-3,), dashboard=False).value)", timeout=120))
+    assert again.stdout.strip().endswith("3")
+
+
+def test_second_interrupt_ends_the_workers_at_once(kernel):
+    msg_id = kernel.submit(
+        "import time, flair_nbddp\nflair_nbddp.launch(time.sleep, args=(600,), dashboard=False, stop_timeout=300)"
+    )
+    time.sleep(10)  # the workers are up and sleeping
+    kernel.interrupt()
+    time.sleep(1)
+    second = time.monotonic()
+    kernel.interrupt()
+    result = kernel.collect(msg_id, timeout=30)
+    assert time.monotonic() - second < 5
+    assert result.error["ename"] == "KeyboardInterrupt"
+    assert probe(kernel)[0] == 0
+
+
+SOAK_JOB = """
+def nap(seconds):
+    import time
+    time.sleep(seconds)
+    return seconds
+"""
+
+
+def test_soak_twenty_runs_with_random_interrupts_leak_nothing(kernel):
+    import random
+
+    rng = random.Random(20)
+    _ok(kernel.execute("import flair_nbddp\n" + SOAK_JOB))
+    _ok(kernel.execute("flair_nbddp.launch(nap, args=(0,), dashboard=False)", timeout=120))  # warm imports
+    before = probe(kernel)
+    statuses = []
+    for run in range(20):
+        code = "r = flair_nbddp.launch(nap, args=(3,), dashboard=False, stop_timeout=2)\nprint('STATUS', r.status)"
+        msg_id = kernel.submit(code)
+        if run % 3 == 1:  # interrupt a third of them, at random moments (starting up, running)
+            time.sleep(rng.uniform(0.2, 5.0))
+            kernel.interrupt()
+        result = kernel.collect(msg_id, timeout=120)
+        statuses.append("interrupted" if result.error else result.stdout.split("STATUS")[-1].strip())
+    after = probe(kernel)
+    assert statuses.count("finished") >= 13 and set(statuses) <= {"finished", "stopped", "interrupted"}, statuses
+    assert after == before, f"(processes, threads, fds, listening sockets) grew from {before} to {after}"
