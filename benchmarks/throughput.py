@@ -3,7 +3,8 @@
     python benchmarks/throughput.py --launcher kit   --device cuda --size distilbert --docs 4000
     python benchmarks/throughput.py --launcher flair --device cuda --size distilbert --docs 4000
 
-``kit`` runs the job the notebook way: a training function defined in a file-less ``__main__``
+On CPU (``--device cpu``) flair's launcher gets the same CPU bend as the kit's workers (gloo, CPU
+DDP); everything else is identical. ``kit`` runs the job the notebook way: a training function defined in a file-less ``__main__``
 (``python -c``), the corpus built once in the parent and shipped by flair_nbddp. ``flair`` runs it the
 script way: ``flair.distributed_utils.launch_distributed(main)`` from this file, every rank building the
 corpus itself. Both time from the start of the program (``T0``) to the end of the first training batch,
@@ -56,7 +57,10 @@ def timed_fine_tune(corpus, docs: int, model_path: str, base_path: str, batch: i
             else:
                 self.samples += len(batch)
 
-    if corpus is None:
+    if corpus is None:  # the script way: every rank builds it, and must seed alike for flair's corpus check
+        import flair
+
+        flair.set_seed(42)
         corpus = make_corpus(docs)
     timer = Timer()
     model = TextClassifier(
@@ -92,15 +96,41 @@ print("RESULT " + json.dumps(result.value))
 
 
 FLAIR_PROGRAM = """
-import json, sys
+import json, os, sys
 sys.path.insert(0, {here!r})
 from flair.distributed_utils import launch_distributed
-from throughput import timed_fine_tune
+from throughput import bend_flair_launcher_for_cpu, timed_fine_tune
+
+if {device!r} == "cpu":
+    bend_flair_launcher_for_cpu({processes} or 2)      # at import: spawned ranks re-import this script
 
 if __name__ == "__main__":                         # the script way: every rank builds its own corpus
     value = launch_distributed(timed_fine_tune, None, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs})
     print("RESULT " + json.dumps(value))
 """
+
+
+def bend_flair_launcher_for_cpu(processes: int) -> None:
+    """The same CPU bend the kit applies, for flair's own launcher: gloo, CPU, ``processes`` ranks.
+
+    flair's ``launch_distributed`` counts GPUs for its world size and joins NCCL on ``cuda:rank``; on a
+    machine without GPU it would start 0 processes and wait forever.
+    """
+    import flair
+    import flair.distributed_utils as distributed_utils
+    import torch
+    from torch.distributed import init_process_group
+
+    from flair_nbddp.flair_compat import allow_cpu_ddp
+
+    def ddp_setup(rank: int, world_size: int) -> None:
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "localhost", "12355"
+        flair.device = torch.device("cpu")
+        init_process_group(backend="gloo", rank=rank, world_size=world_size)
+
+    distributed_utils._ddp_setup = ddp_setup
+    distributed_utils.torch.cuda.device_count = lambda: processes
+    allow_cpu_ddp()
 
 
 def run_job(args) -> dict:
@@ -116,6 +146,8 @@ def run_job(args) -> dict:
         script.write_text(FLAIR_PROGRAM.format(**fields))
         command = [sys.executable, str(script)]
     env = {**os.environ, T0_ENV: repr(time.time())}
+    if args.device == "cpu":  # the kit gives each CPU rank its share of the cores: so must the script
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (args.processes or 2))))
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:

@@ -435,9 +435,9 @@ def launch(
         view.start()
         result = run.wait(echo=view.echo_logs, on_tick=view.poll)
     except BaseException as error:
-        if view is None:  # interrupted before the run was being watched: end it here
+        if run.active:  # the view failed, or an interrupt came before the run was watched: end it here
             run.kill()
-        else:
+        if view is not None:
             view.finish(None, error)
         raise
     view.finish(result, result.error)
