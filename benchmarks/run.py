@@ -24,6 +24,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -36,13 +37,17 @@ TARGETS = {
 
 
 def script(name: str, *args: str) -> dict:
-    """Run ``benchmarks/<name>.py`` with ``args`` and return the JSON of its last line."""
-    command = [sys.executable, str(HERE / f"{name}.py"), *args]
-    print("$ " + " ".join(command[1:]), file=sys.stderr, flush=True)
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f"{name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """Run ``benchmarks/<name>.py`` with ``args`` and return the figures it wrote with ``--json``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "figures.json"
+        command = [sys.executable, str(HERE / f"{name}.py"), *args, "--json", str(out)]
+        print("$ " + " ".join(command[1:-2]), file=sys.stderr, flush=True)
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode or not out.exists():
+            sys.exit(f"{name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+        figures = json.loads(out.read_text())
+    print(json.dumps(figures), file=sys.stderr, flush=True)  # each part's figures as soon as they exist
+    return figures
 
 
 def throughput(device: str, size: str, docs: int, repeats: int) -> dict:

@@ -9,6 +9,7 @@ from typing import Any
 
 from .errors import RunHangError, RunTimeoutError, WorkerError
 from .launcher import Run, launch, launch_distributed, runs
+from .panel import TrainingPanel
 from .payload import CorpusMismatchError, ShippingError
 from .pool import WorkerPool
 from .result import RunResult
@@ -20,6 +21,7 @@ __all__ = [
     "RunResult",
     "RunTimeoutError",
     "ShippingError",
+    "TrainingPanel",
     "WorkerError",
     "WorkerPool",
     "launch",

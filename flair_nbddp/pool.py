@@ -117,8 +117,8 @@ class WorkerPool:
         )
 
     def warm_up(self) -> WorkerPool:
-        """Start the workers now (a trivial job), so the first real job starts warm."""
-        self.launch(_nothing, dashboard=False)
+        """Start the workers now and import flair in them, so the first real job starts warm."""
+        self.launch(_import_flair, dashboard=False)
         return self
 
     def close(self) -> None:
@@ -142,8 +142,8 @@ class WorkerPool:
         return f"<{self.status()}>"
 
 
-def _nothing() -> None:
-    return None
+def _import_flair() -> None:
+    import flair.trainers  # noqa: F401 - the import is the point: flair, torch and transformers, once
 
 
 def current_pool() -> WorkerPool | None:

@@ -1,0 +1,698 @@
+"""A widget panel that trains by clicking: a form of hyperparameters, Train and Stop, the live dashboard below.
+
+The panel never blocks the notebook: Train starts a :class:`~flair_nbddp.launcher.Run` and a background
+thread waits for it, so the cell returns at once and the kernel stays free to receive the Stop click.
+That thread only sets widget values (it never prints: output from a thread lands in whichever cell
+happens to run). The module has two halves, like :mod:`~flair_nbddp.dashboard`: pure functions that turn
+``params`` into widgets and records into HTML, and the :class:`TrainingPanel` that wires them to runs.
+
+Example:
+    >>> panel = TrainingPanel(train, corpus=corpus, params={"learning_rate": 5e-3})   # doctest: +SKIP
+    >>> panel                                                                          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import html
+import inspect
+import math
+import numbers
+import os
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from .dashboard import (
+    NO_PROBLEM,
+    REDRAW_INTERVAL,
+    STATUS_COLORS,
+    Dashboard,
+    Problem,
+    describe_problem,
+    format_duration,
+    progress_text,
+)
+from .devices import DevicePlan, resolve_devices, visible_gpu_count
+from .launcher import DEFAULT_HANG_TIMEOUT, DEFAULT_STOP_TIMEOUT, Run
+from .pool import WorkerPool, current_pool
+
+if TYPE_CHECKING:
+    import ipywidgets
+
+    from .result import RunResult
+
+SCORE_METRICS = ("dev/score", "train/loss")  # read from result.final_metrics into a run's scores
+MAX_CPU_CHOICES = 8
+CONTROL_WIDTH = "380px"  # every form control, so that the grid's columns line up
+LOG_SLIDER_DECADES = 2  # a lone learning rate gets a slider this many decades either side
+_MUTED = "var(--jp-ui-font-color2, #6b7280)"
+_BORDER = "var(--jp-border-color2, #e0e0e0)"
+_CELL = f"padding:2px 12px 2px 0;border-bottom:1px solid {_BORDER};text-align:right;white-space:nowrap"
+_HEAD = f"{_CELL};color:{_MUTED};font-weight:600"
+_FAILED = STATUS_COLORS["failed"]
+
+
+# -- params → widgets -----------------------------------------------------------------------------
+def is_learning_rate(name: str) -> bool:
+    """True for names that hold a learning rate (they get a log-scale slider).
+
+    Example:
+        >>> [is_learning_rate(name) for name in ("learning_rate", "lr", "head_lr", "max_epochs")]
+        [True, True, True, False]
+    """
+    lowered = name.lower()
+    return "learning_rate" in lowered or "lr" in lowered
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_range(spec: Any) -> bool:
+    return isinstance(spec, tuple) and 2 <= len(spec) <= 4 and all(_is_number(item) for item in spec)
+
+
+def nice_step(span: float) -> float:
+    """A slider step of 1, 2 or 5 × 10^k giving about a hundred positions over ``span``.
+
+    Example:
+        >>> nice_step(0.5), nice_step(1.0), nice_step(30.0)
+        (0.005, 0.01, 0.5)
+    """
+    raw = span / 100
+    magnitude = 10 ** math.floor(math.log10(raw))
+    return next(float(f"{m * magnitude:.1g}") for m in (1, 2, 5, 10) if m * magnitude >= raw * (1 - 1e-9))
+
+
+def _decimals(step: float) -> int:
+    return max(0, -math.floor(math.log10(step)))
+
+
+def _range_parts(name: str, spec: tuple, middle: Callable[[float, float], float]) -> tuple[float, float, float, Any]:
+    """``(min, max, value, step)`` of a range tuple, checked; the value defaults to ``middle(min, max)``."""
+    low, high, *rest = spec
+    value = rest[0] if rest else middle(low, high)
+    step = rest[1] if len(rest) > 1 else None
+    if not low < high:
+        raise ValueError(f"params[{name!r}]={spec!r}: a range needs min < max (it is (min, max[, value[, step]]))")
+    if not low <= value <= high:
+        raise ValueError(
+            f"params[{name!r}]={spec!r}: the value {value} is outside [{low}, {high}]. A tuple of numbers is a "
+            f"range (min, max[, value[, step]]); for a dropdown of numbers use a list, e.g. {list(spec)!r}"
+        )
+    if step is not None and not step > 0:
+        raise ValueError(f"params[{name!r}]={spec!r}: the step must be positive")
+    return low, high, value, step
+
+
+def _linear_slider(name: str, spec: tuple) -> ipywidgets.ValueWidget:
+    import ipywidgets as widgets
+
+    if all(isinstance(item, numbers.Integral) for item in spec):
+        low, high, value, step = _range_parts(name, spec, lambda low, high: (low + high) // 2)
+        return widgets.IntSlider(
+            value=int(value), min=int(low), max=int(high), step=int(step or 1), description=name,
+            continuous_update=False,
+        )  # fmt: skip
+    low, high, value, step = _range_parts(name, spec, lambda low, high: (low + high) / 2)
+    step = step or nice_step(high - low)
+    return widgets.FloatSlider(
+        value=value, min=low, max=high, step=step, readout_format=f".{_decimals(step)}f", description=name,
+        continuous_update=False,
+    )  # fmt: skip
+
+
+def _log_slider(name: str, spec: Any) -> ipywidgets.ValueWidget:
+    """A FloatLogSlider (base 10, ten positions per decade) around a learning rate, or over a range of them."""
+    import ipywidgets as widgets
+
+    if _is_number(spec):
+        if not spec > 0:
+            raise ValueError(f"params[{name!r}]={spec!r}: a learning rate must be positive (it gets a log scale)")
+        decade = math.floor(math.log10(spec))
+        low, high, value = decade - LOG_SLIDER_DECADES, decade + LOG_SLIDER_DECADES, spec
+    else:
+        if len(spec) > 3 or not spec[0] > 0:
+            raise ValueError(
+                f"params[{name!r}]={spec!r}: a learning-rate range is (min, max[, value]) with min > 0 (log scale)"
+            )
+        geometric_mean = lambda low, high: math.sqrt(low * high)  # noqa: E731
+        low, high, value, _ = _range_parts(name, spec, geometric_mean)
+        low, high = math.log10(low), math.log10(high)
+    return widgets.FloatLogSlider(
+        value=value, base=10, min=low, max=high, step=0.1, readout_format=".1e", description=name,
+        continuous_update=False,
+    )  # fmt: skip
+
+
+def _number_box(name: str, value: numbers.Real) -> ipywidgets.ValueWidget:
+    import ipywidgets as widgets
+
+    if isinstance(value, numbers.Integral):
+        return widgets.IntText(value=int(value), step=1, description=name)
+    step = 10.0 ** math.floor(math.log10(abs(value))) if value else 0.1
+    return widgets.FloatText(value=float(value), step=step, description=name)
+
+
+def param_widget(name: str, spec: Any) -> ipywidgets.ValueWidget:
+    """The widget for one entry of ``params`` (the rules are in :class:`TrainingPanel`'s docstring).
+
+    Raises:
+        ValueError: ``spec`` makes no widget (the message names the param and says what would).
+
+    Example:
+        >>> type(param_widget("max_epochs", (1, 10, 4))).__name__, type(param_widget("lr", 5e-3)).__name__
+        ('IntSlider', 'FloatLogSlider')
+    """
+    import ipywidgets as widgets
+
+    if isinstance(spec, widgets.ValueWidget):
+        return spec
+    if isinstance(spec, bool):
+        return widgets.Checkbox(value=spec, description=name)
+    if isinstance(spec, list) or (isinstance(spec, tuple) and spec and not _is_range(spec)):
+        if not spec:
+            raise ValueError(f"params[{name!r}]: an empty list of choices")
+        return widgets.Dropdown(options=list(spec), description=name)
+    if is_learning_rate(name) and (_is_number(spec) or _is_range(spec)):
+        return _log_slider(name, spec)
+    if _is_range(spec):
+        return _linear_slider(name, spec)
+    if _is_number(spec):
+        return _number_box(name, spec)
+    if isinstance(spec, str):
+        return widgets.Text(value=spec, description=name)
+    raise ValueError(
+        f"params[{name!r}]={spec!r}: cannot make a widget of a {type(spec).__name__}. Give a number, a bool, a "
+        "string, a range (min, max[, value[, step]]), a list of choices, or an ipywidgets widget."
+    )
+
+
+def build_form(params: Mapping[str, Any]) -> dict[str, ipywidgets.ValueWidget]:
+    """One widget per param, in order, their labels as wide as the longest name.
+
+    Raises:
+        ValueError: a name is not a valid keyword argument, or a spec makes no widget.
+
+    Example:
+        >>> form = build_form({"max_epochs": (1, 10, 4), "shuffle": True})
+        >>> {name: control.value for name, control in form.items()}
+        {'max_epochs': 4, 'shuffle': True}
+    """
+    for name in params:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"params key {name!r} is not a valid keyword argument name")
+    form = {name: param_widget(name, spec) for name, spec in params.items()}
+    for name, control in form.items():
+        if control is not params[name]:  # a widget the user built keeps its own look
+            control.style.description_width = f"{max(map(len, params)) + 2}ch"
+            control.layout.width = CONTROL_WIDTH
+    return form
+
+
+def check_call(fn: Callable, with_corpus: bool, names: list[str]) -> None:
+    """Check that ``fn`` accepts the keyword arguments ``names`` (after the corpus, if any).
+
+    Raises:
+        ValueError: it does not (the message names the argument that does not fit).
+
+    Example:
+        >>> def train(corpus, max_epochs=4): ...
+        >>> check_call(train, True, ["max_epochs", "shuffle"])  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: the panel's call ... does not fit ...: got an unexpected keyword argument 'shuffle'
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins and some callables have none: the run will tell
+        return
+    try:
+        signature.bind(*((None,) if with_corpus else ()), **dict.fromkeys(names))
+    except TypeError as error:
+        call = f"{_name(fn)}({'corpus, ' if with_corpus else ''}**fixed, **params)"
+        raise ValueError(f"the panel's call {call} does not fit {_name(fn)}{signature}: {error}") from None
+
+
+def device_choices(gpus: int, cpus: int) -> list[tuple[str, tuple[str, int]]]:
+    """The process/device selector's options: ``(label, (device, processes))``, every GPU count first.
+
+    Example:
+        >>> device_choices(0, 2)
+        [('1 × cpu (gloo)', ('cpu', 1)), ('2 × cpu (gloo)', ('cpu', 2))]
+        >>> [label for label, _ in device_choices(2, 2)][:2]
+        ['2 × cuda (nccl)', '1 × cuda (nccl)']
+    """
+    choices = [(plan_label(DevicePlan("cuda", n, "nccl")), ("cuda", n)) for n in range(gpus, 0, -1)]
+    cpu_counts = range(1, max(2, min(cpus, MAX_CPU_CHOICES)) + 1)
+    return choices + [(plan_label(DevicePlan("cpu", n, "gloo")), ("cpu", n)) for n in cpu_counts]
+
+
+def plan_label(plan: DevicePlan) -> str:
+    """``"2 × cpu (gloo)"``."""
+    return f"{plan.world_size} × {plan.device_type} ({plan.backend})"
+
+
+# -- records → HTML -------------------------------------------------------------------------------
+@dataclass
+class PanelRun:
+    """One run started from the panel, as :attr:`TrainingPanel.runs` keeps it.
+
+    Attributes:
+        number: 1 for the panel's first run.
+        params: the chosen values, as ``fn`` received them (``fixed`` ones excluded).
+        devices: where it ran, e.g. ``"2 × cpu (gloo)"``.
+        status: ``"running"`` while it runs, then ``"finished"``, ``"stopped"`` or ``"failed"``.
+        elapsed: seconds from start to end (None while running).
+        scores: numbers from the value (if it is a dict, e.g. ``test_score``) and ``dev/score``,
+            ``train/loss`` from ``result.final_metrics``.
+        result: the :class:`~flair_nbddp.RunResult` once it ended.
+        error: the failure, if it failed.
+    """
+
+    number: int
+    params: dict[str, Any]
+    devices: str
+    status: str = "running"
+    elapsed: float | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+    result: RunResult | None = None
+    error: BaseException | None = None
+
+
+def run_scores(result: RunResult) -> dict[str, float]:
+    """The numbers of a run worth comparing: the value's numeric entries, then flair's last dev score and loss.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> run_scores(SimpleNamespace(value={"test_score": 0.8, "model": None}, final_metrics={"dev/score": 0.7}))
+        {'test_score': 0.8, 'dev/score': 0.7}
+    """
+    value = result.value if isinstance(result.value, dict) else {}
+    scores = {str(key): float(item) for key, item in value.items() if _is_number(item)}
+    metrics = result.final_metrics
+    return {**scores, **{name: metrics[name] for name in SCORE_METRICS if name in metrics}}
+
+
+def format_value(value: Any) -> str:
+    """A param or score in a table cell: floats to 3 significant digits.
+
+    Example:
+        >>> format_value(0.0050118), format_value(16), format_value("adam")
+        ('0.00501', '16', 'adam')
+    """
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _status_badge(status: str) -> str:
+    return f'<span style="color:{STATUS_COLORS.get(status, _MUTED)}">● {html.escape(status)}</span>'
+
+
+def history_html(records: list[PanelRun]) -> str:
+    """The panel's runs as a small table: number, params, devices, status, elapsed time, scores.
+
+    Example:
+        >>> "no runs yet" in history_html([])
+        True
+        >>> run = PanelRun(1, {"lr": 0.005}, "2 × cpu (gloo)", "finished", 30.0, {"test_score": 0.91})
+        >>> "0.005" in history_html([run]) and "0.9100" in history_html([run])
+        True
+    """
+    if not records:
+        return f'<span style="color:{_MUTED};font-size:12px">no runs yet: press Train</span>'
+    names = list(dict.fromkeys(name for record in records for name in record.params))
+    scores = list(dict.fromkeys(name for record in records for name in record.scores))
+    head = ["#", *names, "devices", "status", "elapsed", *scores]
+    rows = [
+        [
+            str(record.number),
+            *(html.escape(format_value(record.params[name])) if name in record.params else "—" for name in names),
+            html.escape(record.devices),
+            _status_badge(record.status),
+            format_duration(record.elapsed),
+            *(f"{record.scores[name]:.4f}" if name in record.scores else "—" for name in scores),
+        ]
+        for record in reversed(records)  # newest first: the run just started is where the eye is
+    ]
+    header = "".join(f'<th style="{_HEAD}">{html.escape(cell)}</th>' for cell in head)
+    body = "".join("<tr>" + "".join(f'<td style="{_CELL}">{cell}</td>' for cell in row) + "</tr>" for row in rows)
+    # an explicit line height: ipywidgets' HTML widget would give every row the height of a text box
+    return f'<table style="border-collapse:collapse;font-size:12px;line-height:1.5"><tr>{header}</tr>{body}</table>'
+
+
+def panel_status_html(status: str, detail: str = "") -> str:
+    """The coloured status next to the buttons, e.g. ``● running · run 2 · epoch 1/4 · batch 3/50 · 2%``."""
+    color = STATUS_COLORS.get(status, _MUTED)
+    text = f'<b style="color:{color}">● {html.escape(status)}</b>'
+    return f'<span style="font-size:13px">{text}{" · " + html.escape(detail) if detail else ""}</span>'
+
+
+def error_html(problem: Problem) -> str:
+    """The red message area: the headline, and the details (e.g. a worker's traceback) folded under it."""
+    headline, details = problem
+    head = f'<b style="color:{_FAILED}">{html.escape(headline)}</b>'
+    box = f"border-left:3px solid {_FAILED};background:rgba(220,38,38,0.07);padding:4px 10px;font-size:12px"
+    if not details or details.strip() == headline.strip():
+        return f'<div style="{box}">{head}</div>'
+    return (
+        f'<div style="{box}"><details><summary style="cursor:pointer">{head}</summary>'
+        f'<pre style="margin:4px 0 2px;font-size:11px;white-space:pre-wrap">{html.escape(details)}</pre>'
+        "</details></div>"
+    )
+
+
+def outcome_text(record: PanelRun) -> str:
+    """What the status says after a run, e.g. ``run 2 · 35 s · model saved`` (its scores are in the table below).
+
+    Example:
+        >>> outcome_text(PanelRun(2, {}, "2 × cpu (gloo)", "finished", 35.0, {"test_score": 0.86}))
+        'run 2 · 35 s'
+    """
+    parts = [f"run {record.number}", format_duration(record.elapsed)]
+    if record.result is not None and record.result.checkpoint is not None:
+        parts.append("model saved")
+    return " · ".join(parts)
+
+
+def _name(fn: Callable) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+# -- the panel ------------------------------------------------------------------------------------
+class TrainingPanel:
+    """Train ``fn`` on every device by clicking: a form of hyperparameters, Train and Stop, the live dashboard.
+
+    Each run calls ``fn(corpus, **fixed, **chosen)`` on every rank (``fn(**fixed, **chosen)`` when no
+    corpus is given), where ``chosen`` maps each name of ``params`` to its widget's value when Train was
+    pressed. Train returns at once and the run goes on in the background: a cell that waited for it could
+    not receive the Stop click. The form is locked until the run ends; Stop ends it gracefully (every rank
+    stops after the same batch and flair saves ``final-model.pt``, as with a kernel interrupt); then Train
+    starts the next run. With a warm pool (``%ddp_pool start``) the runs use the pool's workers.
+
+    How ``params`` become widgets, [starting at]:
+
+    - ``True``/``False``: a checkbox.
+    - a list ``[8, 16, 32]``, or a tuple of non-numbers ``("adam", "sgd")``: a dropdown [the first item];
+      ``(label, value)`` pairs show their labels.
+    - a tuple of 2 to 4 numbers ``(min, max[, value[, step]])``: a slider [the middle]. Ints give an
+      IntSlider (step 1), floats a FloatSlider (a 1-2-5 step of about 1/100 of the range). Unlike in
+      ``interact``, the third number is where the slider starts, not its step.
+    - a lone number ``4`` or ``0.1``: a number box (IntText; a FloatText stepping by the number's order of
+      magnitude) [the number].
+    - a learning rate (the name contains ``lr`` or ``learning_rate``): a FloatLogSlider, over two decades
+      either side of a lone rate [the rate], or over a range ``(min, max[, value])`` [its geometric middle].
+    - a string: a text box. An ipywidgets widget with a value: itself.
+
+    So ``{"learning_rate": 5e-3, "max_epochs": (1, 10, 4), "mini_batch_size": [8, 16, 32], "shuffle": True}``
+    gives a log slider from 1e-5 to 1e-1 at 5e-3, a slider from 1 to 10 at 4, a dropdown at 8 and a ticked box.
+
+    Args:
+        fn: the training function every rank runs (a notebook function is fine).
+        corpus: passed first to ``fn``; None: ``fn`` gets keyword arguments only.
+        params: the hyperparameters the form offers, by name (rules above).
+        fixed: more keyword arguments every run passes unchanged (paths, ``return_model=False``...).
+        processes, device: the selector's first choice (default: every GPU, else 2 CPU processes;
+            ``$FLAIR_NBDDP_PROCESSES``/``$FLAIR_NBDDP_DEVICE`` apply).
+        seed, timeout, stop_timeout, hang_timeout: passed to every :class:`~flair_nbddp.Run`.
+
+    Raises:
+        ValueError: a param makes no widget, or ``fn`` would not accept the arguments (named in the message).
+
+    The widgets are attributes: ``widget`` (the root, CSS class ``nbddp-panel``), ``controls`` (one per
+    param), ``devices``, ``train_button`` (``nbddp-train``), ``stop_button`` (``nbddp-stop``), ``status``
+    (``nbddp-panel-status``), ``message`` (``nbddp-panel-error``: errors, in red), ``history``
+    (``nbddp-history``) and ``dashboard`` (the current run's :class:`~flair_nbddp.dashboard.Dashboard`).
+
+    Example:
+        >>> from flair_nbddp import TrainingPanel                                   # doctest: +SKIP
+        >>> from flair_nbddp.demo import train_classifier                           # doctest: +SKIP
+        >>> panel = TrainingPanel(                                                  # doctest: +SKIP
+        ...     train_classifier,
+        ...     corpus=corpus,
+        ...     params={"learning_rate": 5e-3, "max_epochs": (1, 10, 4), "mini_batch_size": [8, 16, 32]},
+        ...     fixed={"model_path": model_path, "base_path": "out", "return_model": False},
+        ... )
+        >>> panel                   # the last expression of a cell shows it (or panel.display())  # doctest: +SKIP
+        >>> panel.runs[-1].scores   # after a run: the numbers its row of the table shows         # doctest: +SKIP
+        {'test_score': 0.87, 'dev/score': 0.9, 'train/loss': 0.21}
+    """
+
+    def __init__(
+        self,
+        fn: Callable,
+        corpus: Any = None,
+        params: Mapping[str, Any] | None = None,
+        *,
+        fixed: Mapping[str, Any] | None = None,
+        processes: int | None = None,
+        device: str | None = None,
+        seed: int | None = None,
+        timeout: float | None = None,
+        stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+        hang_timeout: float | None = DEFAULT_HANG_TIMEOUT,
+    ) -> None:
+        if not callable(fn):
+            raise TypeError(f"fn must be callable (the training function), not {type(fn).__name__}")
+        self.fn, self.corpus, self.fixed = fn, corpus, dict(fixed or {})
+        self.run_options = dict(seed=seed, timeout=timeout, stop_timeout=stop_timeout, hang_timeout=hang_timeout)
+        self.controls = build_form(dict(params or {}))
+        self._check_arguments()
+        self.runs: list[PanelRun] = []
+        self.run: Run | None = None  # the current or last run
+        self.dashboard: Dashboard | None = None
+        self._done = threading.Event()  # set while no run is active
+        self._done.set()
+        self._default_plan = resolve_devices(device, processes)
+        self._build_widgets()
+        self._lock(False)
+
+    def _check_arguments(self) -> None:
+        given = set(self.fixed) | ({"corpus"} if self.corpus is not None else set())
+        clash = sorted(set(self.controls) & given)
+        if clash:
+            raise ValueError(f"params {clash} are also given in fixed (or as the corpus): give each argument once")
+        check_call(self.fn, self.corpus is not None, [*self.fixed, *self.controls])
+
+    def _build_widgets(self) -> None:
+        import ipywidgets as widgets
+
+        self.devices = widgets.Dropdown(description="devices", layout=widgets.Layout(width="250px"))
+        self.devices.style.description_width = "56px"
+        self.train_button = widgets.Button(description="Train", icon="play", button_style="success")
+        self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="warning", disabled=True)
+        self.train_button.tooltip = "start a run with these values; it trains in the background"
+        self.stop_button.tooltip = "stop after the current batch on every rank; flair saves the model"
+        for button in (self.train_button, self.stop_button):
+            button.layout = widgets.Layout(width="96px", margin="0 0 0 8px")
+        self.status = widgets.HTML(panel_status_html("ready"), layout=widgets.Layout(margin="0 0 0 14px"))
+        self.message = widgets.HTML(layout=widgets.Layout(display="none", width="100%", margin="2px 0 6px"))
+        self.history = widgets.HTML(history_html([]), layout=widgets.Layout(width="100%", overflow="auto"))
+        placeholder = f'<span style="color:{_MUTED};font-size:12px">the live dashboard of a run appears here</span>'
+        self.dashboard_box = widgets.VBox([widgets.HTML(placeholder)], layout=widgets.Layout(margin="6px 0 0"))
+        self.widget = self._layout(widgets)
+        for control, css_class in [
+            (self.widget, "nbddp-panel"), (self.train_button, "nbddp-train"), (self.stop_button, "nbddp-stop"),
+            (self.status, "nbddp-panel-status"), (self.message, "nbddp-panel-error"), (self.history, "nbddp-history"),
+        ]:  # fmt: skip
+            control.add_class(css_class)
+        self.train_button.on_click(self._on_train_click)
+        self.stop_button.on_click(lambda _: self.stop())
+
+    def _layout(self, widgets: Any) -> ipywidgets.VBox:
+        call = f"{_name(self.fn)}({'corpus, ' if self.corpus is not None else ''}**params)"
+        title = widgets.HTML(
+            f'<b style="font-size:13px">flair_nbddp training panel</b> '
+            f'<span style="color:{_MUTED}">· {html.escape(call)}</span>'
+        )
+        columns = f"repeat(auto-fill, {CONTROL_WIDTH})"
+        form = widgets.GridBox(
+            list(self.controls.values()), layout=widgets.Layout(grid_template_columns=columns, grid_gap="2px 24px")
+        )
+        buttons = widgets.HBox(
+            [self.devices, self.train_button, self.stop_button, self.status],
+            layout=widgets.Layout(align_items="center", flex_flow="row wrap", margin="8px 0 6px"),
+        )
+        heading = widgets.HTML(f'<span style="color:{_MUTED};font-size:12px;font-weight:600">runs</span>')
+        return widgets.VBox(
+            [title, form, buttons, self.message, heading, self.history, self.dashboard_box],
+            layout=widgets.Layout(border=f"1px solid {_BORDER}", padding="8px 12px", max_width="1010px"),
+        )
+
+    # -- reading ----------------------------------------------------------------------------------
+    @property
+    def values(self) -> dict[str, Any]:
+        """The form's values now, by param name (what the next Train passes to ``fn``)."""
+        return {name: control.value for name, control in self.controls.items()}
+
+    @property
+    def active(self) -> bool:
+        """True from Train until the run has ended and been recorded."""
+        return not self._done.is_set()
+
+    @property
+    def result(self) -> RunResult | None:
+        """The last ended run's :class:`~flair_nbddp.RunResult` (None before any ended)."""
+        ended = [record.result for record in self.runs if record.result is not None]
+        return ended[-1] if ended else None
+
+    # -- acting -----------------------------------------------------------------------------------
+    def train(self) -> Run:
+        """What Train does: start a run with the form's values and return it at once (it runs in the background).
+
+        Raises:
+            RuntimeError: a run is active (this panel's or another in this kernel).
+            ValueError, ShippingError: impossible devices, or ``fn``/an argument that cannot be shipped.
+            Each is also shown in the panel's red message area.
+        """
+        try:
+            if self.active:
+                raise RuntimeError("this panel's run is still active: Stop it, or wait for it to end")
+            return self._start()
+        except Exception as error:
+            self._show_problem(describe_problem(error))
+            raise
+
+    def stop(self) -> None:
+        """What Stop does: every rank stops after the current batch, flair saves ``final-model.pt``; returns at once."""
+        if self.run is None or not self.active:
+            return
+        self.run.stop()
+        self.stop_button.disabled = True
+        self.status.value = panel_status_html("running", f"run {len(self.runs)} · stopping after this batch")
+
+    def wait(self, timeout: float | None = None) -> RunResult | None:
+        """Block until the current run has ended and is recorded; returns :attr:`result`.
+
+        For code, and notebooks run top to bottom (a cell that waits cannot receive clicks). A kernel
+        interrupt while waiting stops the run gracefully; a second one stops waiting (the stop goes on).
+
+        Raises:
+            TimeoutError: the run did not end within ``timeout`` seconds (it goes on).
+        """
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        stopping = False
+        while True:
+            try:
+                if self._done.wait(0.1):
+                    return self.result
+            except KeyboardInterrupt:
+                if stopping:
+                    raise
+                stopping = True
+                self.stop()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run {len(self.runs)} did not end within {timeout} s; it goes on")
+
+    def display(self) -> None:
+        """Show the panel in the current cell (as does ending a cell with it)."""
+        from IPython.display import display
+
+        display(self)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict:
+        """The widget, with a text and HTML description for frontends that cannot render it (a saved notebook)."""
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        bundle["text/plain"] = repr(self)
+        bundle["text/html"] = f"<div><b>{html.escape(repr(self))}</b>{history_html(self.runs)}</div>"
+        return bundle
+
+    def __repr__(self) -> str:
+        text = f"TrainingPanel({_name(self.fn)}: {len(self.runs)} run(s)"
+        if self.runs:
+            last = self.runs[-1]
+            text += f"; last {last.status}" + "".join(f", {name} {value:.4f}" for name, value in last.scores.items())
+        return text + ")"
+
+    # -- running ----------------------------------------------------------------------------------
+    def _on_train_click(self, _: Any) -> None:
+        try:
+            self.train()
+        except Exception:  # a click has no cell to raise into: train() showed it in the panel
+            pass
+
+    def _start(self) -> Run:
+        chosen, pool = self.values, current_pool()
+        self._sync_devices()
+        plan = pool.plan if pool is not None else resolve_devices(*self.devices.value)
+        args = () if self.corpus is None else (self.corpus,)
+        run = Run(self.fn, args, {**self.fixed, **chosen}, plan, pool=pool, **self.run_options).start()
+        self.run, self._done = run, threading.Event()
+        record = PanelRun(len(self.runs) + 1, chosen, plan_label(plan))
+        self.runs.append(record)
+        self.dashboard = dashboard = Dashboard(run)
+        self.dashboard_box.children = (dashboard.widget,)
+        self._show_problem(NO_PROBLEM)
+        self._lock(True)
+        self.history.value = history_html(self.runs)
+        self.status.value = panel_status_html("starting", f"run {record.number}")
+        watcher = threading.Thread(
+            target=self._watch, args=(run, record, dashboard, self._done), name="flair_nbddp-panel", daemon=True
+        )
+        watcher.start()
+        return run
+
+    def _watch(self, run: Run, record: PanelRun, dashboard: Dashboard, done: threading.Event) -> None:
+        """The background thread of one run: follow it, then record its end and unlock the form."""
+        try:
+            result = run.wait(on_tick=self._follower(run, record, dashboard))
+            dashboard.finish(result, result.error)
+            record.status, record.elapsed, record.scores = result.status, result.elapsed, run_scores(result)
+            record.result, record.error = result, result.error
+            self.status.value = panel_status_html(result.status, outcome_text(record))
+            if result.error is not None:
+                self._show_problem(describe_problem(result.error))
+        except Exception as error:  # a bug here must show, not die with the thread
+            record.status, record.error = "failed", error
+            self.status.value = panel_status_html("failed", f"run {record.number}")
+            self._show_problem((f"the panel lost track of run {record.number}: {error!r}", traceback.format_exc()))
+        finally:
+            self.history.value = history_html(self.runs)
+            self._lock(False)
+            done.set()
+
+    def _follower(self, run: Run, record: PanelRun, dashboard: Dashboard) -> Callable[[], None]:
+        """``on_tick`` for ``run.wait``: redraw the dashboard and the status at most every REDRAW_INTERVAL."""
+        drawn_at = -math.inf
+
+        def tick() -> None:
+            nonlocal drawn_at
+            now = time.monotonic()
+            if now - drawn_at < REDRAW_INTERVAL or not dashboard.refresh():
+                return
+            drawn_at = now
+            snapshot = run.state.snapshot()
+            detail = "stopping after this batch" if snapshot.stop_requested else progress_text(snapshot)
+            self.status.value = panel_status_html(snapshot.status, f"run {record.number} · {detail}")
+
+        return tick
+
+    # -- showing ----------------------------------------------------------------------------------
+    def _lock(self, locked: bool) -> None:
+        """Lock the form while a run is active (its values are what the run got); Stop only works then."""
+        for control in self.controls.values():
+            control.disabled = locked
+        self.train_button.disabled = locked
+        self.stop_button.disabled = not locked
+        if not locked:
+            self._sync_devices()
+        self.devices.disabled = locked or current_pool() is not None
+
+    def _sync_devices(self) -> None:
+        """Offer every device choice, or only the warm pool's while one is started (a pool's size is fixed)."""
+        pool: WorkerPool | None = current_pool()
+        if pool is not None:
+            plan = pool.plan
+            self.devices.options = [(f"{plan_label(plan)}, warm pool", (plan.device_type, plan.world_size))]
+            return
+        default = (self._default_plan.device_type, self._default_plan.world_size)
+        choices = device_choices(visible_gpu_count(), os.cpu_count() or 1)
+        if default not in [value for _, value in choices]:
+            choices.append((plan_label(self._default_plan), default))
+        chosen = self.devices.value if self.devices.value in [value for _, value in choices] else default
+        self.devices.options, self.devices.value = choices, chosen
+
+    def _show_problem(self, problem: Problem) -> None:
+        self.message.value = error_html(problem) if problem[0] else ""
+        self.message.layout.display = None if problem[0] else "none"
