@@ -124,7 +124,12 @@ def test_soak_twenty_runs_with_random_interrupts_leak_nothing(kernel):
 
     rng = random.Random(20)
     _ok(kernel.execute("import flair_nbddp\n" + SOAK_JOB))
-    _ok(kernel.execute("flair_nbddp.launch(nap, args=(0,), dashboard=False)", timeout=120))  # warm imports
+    # warm up: first use of everything a run touches, an interrupted run included, before the baseline
+    _ok(kernel.execute("flair_nbddp.launch(nap, args=(0,), dashboard=False)", timeout=120))
+    msg_id = kernel.submit("flair_nbddp.launch(nap, args=(5,), dashboard=False, stop_timeout=2)")
+    time.sleep(3)
+    kernel.interrupt()
+    kernel.collect(msg_id, timeout=60)
     before = probe(kernel)
     statuses = []
     for run in range(20):
