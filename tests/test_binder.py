@@ -1,0 +1,122 @@
+"""binder/ builds what mybinder.org would build, and the quickstart notebook runs in it.
+
+Binder (repo2docker) makes a Python 3.11 environment (``runtime.txt``) that already holds JupyterLab 4, ipykernel
+and ipywidgets 8, runs ``pip install -r binder/requirements.txt`` in it, then ``binder/postBuild`` from the
+repository root, and starts the server through ``binder/start``. The slow test repeats that in a fresh virtual
+environment and runs ``notebooks/01_quickstart.ipynb`` there with nbval (a kernel of that environment).
+
+Two honest differences from Binder:
+
+* ``--extra-index-url https://download.pytorch.org/whl/cpu`` is dropped from the requirements: that index is not
+  reachable from this machine. ``torch==2.13.0+cpu`` then resolves to the very same wheel
+  (``torch-2.13.0+cpu-cp311-...whl``) from this machine's local wheel directory, which pip's configuration here
+  points at (``find-links``); everything else comes from PyPI, as on Binder.
+* Binder's base environment is stood in for by ``ipykernel`` (the kernel) and ``nbval``/``pytest`` (which drive
+  the notebook instead of a browser); JupyterLab itself is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parent.parent
+BINDER = ROOT / "binder"
+NOTEBOOK = "notebooks/01_quickstart.ipynb"
+UNREACHABLE_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
+STAND_IN_FOR_BINDER_BASE = ["ipykernel", "nbval", "pytest"]
+# what a Binder clone of the repository would not hold, or what this machine built
+NOT_IN_A_CLONE = shutil.ignore_patterns(
+    ".git", ".venv", ".whl", "__pycache__", "*.egg-info", ".pytest_cache", "build", "work", "artifacts", ".ci"
+)
+
+
+def _pins() -> dict[str, Requirement]:
+    lines = (BINDER / "requirements.txt").read_text().splitlines()
+    requirements = [Requirement(line.split("#")[0].strip()) for line in lines if line.strip() and line[0] not in "#-"]
+    return {requirement.name.lower(): requirement for requirement in requirements}
+
+
+def test_binder_files_exist_and_scripts_are_executable():
+    for name in ("requirements.txt", "runtime.txt", "postBuild", "start"):
+        assert (BINDER / name).is_file(), name
+    for script in ("postBuild", "start"):
+        assert os.access(BINDER / script, os.X_OK), f"binder/{script} must be executable (git: chmod +x)"
+        assert (BINDER / script).read_text().startswith("#!/bin/bash\n")
+    assert 'exec "$@"' in (BINDER / "start").read_text(), "binder/start must end by starting the server"
+
+
+def test_runtime_is_a_python_the_project_supports():
+    runtime = (BINDER / "runtime.txt").read_text().strip()
+    match = re.fullmatch(r"python-(\d+)\.(\d+)", runtime)
+    assert match, runtime
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert Requirement(f"python{requires}").specifier.contains(f"{match[1]}.{match[2]}"), (runtime, requires)
+
+
+def test_requirements_pin_every_dependency_of_the_project():
+    """Every dependency in pyproject.toml is pinned (==) in binder/requirements.txt, to a version it accepts."""
+    pins = _pins()
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    for dependency in map(Requirement, dependencies):
+        pin = pins.get(dependency.name.lower())
+        assert pin is not None, f"binder/requirements.txt does not pin {dependency.name}"
+        (spec,) = pin.specifier
+        assert spec.operator == "==", f"{pin} is not an exact pin"
+        assert dependency.specifier.contains(spec.version, prereleases=True), f"{pin} does not satisfy {dependency}"
+    assert str(pins["torch"].specifier).endswith("+cpu"), "Binder has no GPU: pin torch's CPU build"
+    assert UNREACHABLE_INDEX in (BINDER / "requirements.txt").read_text()
+
+
+def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> float:
+    started = time.monotonic()
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, f"{' '.join(command)} failed after {seconds:.0f} s:\n{(done.stdout + done.stderr)[-12000:]}"
+    return seconds
+
+
+@pytest.mark.slow
+def test_binder_environment_runs_the_quickstart(tmp_path):
+    repo, venv = tmp_path / "repo", tmp_path / "venv"
+    shutil.copytree(ROOT, repo, ignore=NOT_IN_A_CLONE)
+    # as in a Binder image: nothing of this test's own environment, the kit's settings come from binder/start
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("FLAIR_NBDDP_", "HF_HUB_", "VIRTUAL_ENV", "PYTHONPATH", "PYTEST_"))
+    }
+    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", VIRTUAL_ENV=str(venv))
+    env["FLAIR_NBDDP_RUNS"] = str(tmp_path / "runs")  # keep the run directories with the test's files
+    python = str(venv / "bin" / "python")
+    timings = {}
+
+    timings["venv"] = _run([sys.executable, "-m", "venv", str(venv)], tmp_path, env, 120)
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text(  # see the module docstring: the PyTorch CPU index is not reachable from here
+        (BINDER / "requirements.txt").read_text().replace(UNREACHABLE_INDEX, "# (index dropped: unreachable here)")
+    )
+    timings["requirements"] = _run([python, "-m", "pip", "install", "-q", "-r", str(requirements)], repo, env, 1500)
+    timings["base stand-in"] = _run([python, "-m", "pip", "install", "-q", *STAND_IN_FOR_BINDER_BASE], repo, env, 600)
+    timings["postBuild"] = _run(["binder/postBuild"], repo, env, 600)
+    timings["notebook"] = _run(
+        ["binder/start", python, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
+         "-q", NOTEBOOK],
+        repo, env, 900,
+    )
+    installed = subprocess.run(
+        [python, "-c", "import torch, flair_nbddp; print(torch.__version__, flair_nbddp.__file__)"],
+        cwd=tmp_path, capture_output=True, text=True, env=env, check=True,
+    ).stdout.split()
+    assert installed[0] == str(_pins()["torch"].specifier).removeprefix("=="), installed
+    assert Path(installed[1]).is_relative_to(repo), "postBuild did not install the kit from the repository"
+    print("binder build and quickstart: " + ", ".join(f"{step} {seconds:.0f} s" for step, seconds in timings.items()))
