@@ -52,7 +52,9 @@ class DevicePlan:
         env["NCCL_SOCKET_IFNAME"] = os.environ.get("NCCL_SOCKET_IFNAME", "lo")
         if self.device_type == "cpu":
             # one process per core share: keep the ranks from oversubscribing the CPU
-            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.world_size)))
+            env["OMP_NUM_THREADS"] = os.environ.get(
+                "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.world_size))
+            )
         return env
 
 

@@ -218,6 +218,8 @@ class Run:
 
     def _blame_signal_deaths(self) -> None:
         """A rank killed by a signal (e.g. the OOM killer) makes its peers fail in a collective: blame it."""
+        if self.group.terminating:  # a signal we sent ourselves after an earlier failure is not a cause
+            return
         for rank, exit_code in self.group.dead_ranks().items():
             if exit_code < 0 and self._first_death is None:
                 self._first_death = rank

@@ -17,17 +17,22 @@ Two honest differences from Binder:
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: read the installed kit's metadata instead (make test reinstalls it)
+    tomllib = None
 
 ROOT = Path(__file__).resolve().parent.parent
 BINDER = ROOT / "binder"
@@ -36,8 +41,23 @@ UNREACHABLE_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
 STAND_IN_FOR_BINDER_BASE = ["ipykernel", "nbval", "pytest"]
 # what a Binder clone of the repository would not hold, or what this machine built
 NOT_IN_A_CLONE = shutil.ignore_patterns(
-    ".git", ".venv", ".whl", "__pycache__", "*.egg-info", ".pytest_cache", "build", "work", "artifacts", ".ci"
+    ".git", ".venv", ".whl", "__pycache__", "*.egg-info", ".pytest_cache", "build", "work", "artifacts"
 )
+
+
+def _project() -> dict:
+    """``requires-python`` and ``dependencies`` of pyproject.toml."""
+    if tomllib is not None:
+        return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    metadata = importlib.metadata.metadata("flair_nbddp")
+    requires = importlib.metadata.requires("flair_nbddp") or []
+    return {"requires-python": metadata["Requires-Python"], "dependencies": [r for r in requires if "extra ==" not in r]}
+
+
+def _runtime_version() -> tuple[int, int]:
+    match = re.fullmatch(r"python-(\d+)\.(\d+)", (BINDER / "runtime.txt").read_text().strip())
+    assert match, "binder/runtime.txt must read python-X.Y"
+    return int(match[1]), int(match[2])
 
 
 def _pins() -> dict[str, Requirement]:
@@ -56,17 +76,15 @@ def test_binder_files_exist_and_scripts_are_executable():
 
 
 def test_runtime_is_a_python_the_project_supports():
-    runtime = (BINDER / "runtime.txt").read_text().strip()
-    match = re.fullmatch(r"python-(\d+)\.(\d+)", runtime)
-    assert match, runtime
-    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
-    assert Requirement(f"python{requires}").specifier.contains(f"{match[1]}.{match[2]}"), (runtime, requires)
+    major, minor = _runtime_version()
+    requires = _project()["requires-python"]
+    assert Requirement(f"python{requires}").specifier.contains(f"{major}.{minor}"), (major, minor, requires)
 
 
 def test_requirements_pin_every_dependency_of_the_project():
     """Every dependency in pyproject.toml is pinned (==) in binder/requirements.txt, to a version it accepts."""
     pins = _pins()
-    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    dependencies = _project()["dependencies"]
     for dependency in map(Requirement, dependencies):
         pin = pins.get(dependency.name.lower())
         assert pin is not None, f"binder/requirements.txt does not pin {dependency.name}"
@@ -75,6 +93,17 @@ def test_requirements_pin_every_dependency_of_the_project():
         assert dependency.specifier.contains(spec.version, prereleases=True), f"{pin} does not satisfy {dependency}"
     assert str(pins["torch"].specifier).endswith("+cpu"), "Binder has no GPU: pin torch's CPU build"
     assert UNREACHABLE_INDEX in (BINDER / "requirements.txt").read_text()
+
+
+def _binder_python() -> str:
+    """An interpreter of runtime.txt's version: this one, else ``pythonX.Y`` on PATH, else this one anyway."""
+    version = _runtime_version()
+    if sys.version_info[:2] == version:
+        return sys.executable
+    other = shutil.which("python{}.{}".format(*version))
+    if other is None:
+        print(f"no python{version[0]}.{version[1]} here: the Binder environment is built with {sys.version.split()[0]}")
+    return other or sys.executable
 
 
 def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> float:
@@ -100,7 +129,7 @@ def test_binder_environment_runs_the_quickstart(tmp_path):
     python = str(venv / "bin" / "python")
     timings = {}
 
-    timings["venv"] = _run([sys.executable, "-m", "venv", str(venv)], tmp_path, env, 120)
+    timings["venv"] = _run([_binder_python(), "-m", "venv", str(venv)], tmp_path, env, 120)
     requirements = tmp_path / "requirements.txt"
     requirements.write_text(  # see the module docstring: the PyTorch CPU index is not reachable from here
         (BINDER / "requirements.txt").read_text().replace(UNREACHABLE_INDEX, "# (index dropped: unreachable here)")

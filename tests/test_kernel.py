@@ -11,6 +11,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 PROBE = (
     "import os, threading, psutil\n"
     "me = psutil.Process()\n"
+    "psutil.wait_procs(me.children(recursive=True), timeout=10)  # workers of the last run may still be exiting\n"
     "print('PROBE', len(me.children(recursive=True)), threading.active_count(), len(os.listdir('/proc/self/fd')),"
     " len([c for c in me.connections('inet') if c.status == psutil.CONN_LISTEN]))\n"
 )
