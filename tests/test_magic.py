@@ -5,6 +5,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 from flair_nbddp.cell import execute_cell, free_names, names_to_ship
+from flair_nbddp.devices import visible_gpu_count
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,28 @@ except Exception as exc:
 class Local: pass
 [w for w in words]
 """
-    assert free_names(source) == ["offset", "range", "Exception", "print", "words"]
+    assert free_names(source) == ["range", "Exception", "print", "words", "offset"]
+
+
+@pytest.mark.parametrize(
+    ("source", "namespace", "shipped"),
+    [
+        # a name the cell reads before binding it, or binds only inside a function, still comes from the notebook
+        ("def make(corpus):\n    return corpus\nmake(corpus)", {"corpus": 1}, {"corpus": 1}),
+        ("x = x + 1", {"x": 1}, {"x": 1}),
+        ("x += 1", {"x": 1}, {"x": 1}),
+        ("[label_type in s for s in corpus]", {"corpus": [], "label_type": "a", "s": 0}, {"corpus": [], "label_type": "a"}),
+        ("class C:\n    t = label_type\n    def m(self):\n        return helper(self)", {"label_type": 1, "helper": 2},
+         {"label_type": 1, "helper": 2}),
+        ("f = lambda y: y * factor\nf(2)", {"factor": 3, "y": 9}, {"factor": 3}),
+        # what the cell binds before reading it stays out, even where the notebook has the name too
+        ("for model in models:\n    model.fit()", {"models": [], "model": object()}, {"models": []}),
+        ("def a():\n    return b()\ndef b():\n    return 1\na()", {"b": "stale"}, {}),
+        ("with open(p) as fh:\n    data = fh.read()\ndata", {"p": "x", "data": "old"}, {"p": "x"}),
+    ],
+)
+def test_names_to_ship_follows_scopes_and_order(source, namespace, shipped):
+    assert names_to_ship(source, namespace) == (shipped, [])
 
 
 def test_names_to_ship_splits_known_and_missing():
@@ -67,6 +89,8 @@ scores = ModelTrainer(make_classifier(corpus), corpus).fine_tune(
     {str(tmp_path / "out")!r}, max_epochs=6, mini_batch_size=8, learning_rate=5e-3, multi_gpu=True)
 {{"score": scores["test_score"], "world": dist.get_world_size(), "rank": dist.get_rank()}}
 """
+    # what travels: the three names the body reads, not the big list nor anything else of the notebook
+    assert set(names_to_ship(body, shell.user_ns)[0]) == {"ModelTrainer", "make_classifier", "corpus"}
     value = shell.run_cell_magic("ddp_train", "--processes 2 --device cpu --out scores --no-dashboard --seed 1", body)
     assert value["world"] == 2 and value["rank"] == 0
     assert value["score"] >= 0.75, value
@@ -114,6 +138,6 @@ def test_ddp_info_lists_devices_versions_and_runs(shell, capsys):
     assert shell.run_cell_magic("ddp_train", "--no-dashboard", "20 + 22") == 42
     shell.run_line_magic("ddp_info", "")
     out = capsys.readouterr().out
-    assert "GPUs visible: 0" in out and "a run would use: 2 × cpu (gloo)" in out
+    assert f"GPUs visible: {visible_gpu_count()}" in out and "a run would use: 2 × cpu (gloo)" in out
     assert "flair 0.15.1" in out
     assert "runs in this kernel:" in out and "execute_cell: finished" in out
