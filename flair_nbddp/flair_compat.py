@@ -7,13 +7,15 @@
   :class:`StreamingPlugin`, and a call that forgets ``multi_gpu=True`` while several processes run
   is stopped before every rank trains the whole corpus on its own.
 * Graceful stop: once the parent asks, all ranks agree at the end of the same batch and raise flair's
-  own ``TrainingInterrupt``, so flair saves ``final-model.pt`` and finishes as after Ctrl+C in a script.
+  own ``TrainingInterrupt``, so flair saves ``final-model.pt`` and finishes as after Ctrl+C in a script,
+  minus its final test evaluation.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
-import gc
+import logging
 from pathlib import Path
 from typing import Any, Callable
 
@@ -57,6 +59,8 @@ class StreamingPlugin(TrainerPlugin):
         self._max_epochs = 0
         self._base_path = Path(".")
         self._saves_final_model = True
+        self._corpus_before_stop: Any = None
+        self._stopped_at: Path | None = None  # the checkpoint, once this plugin stopped the training
 
     @TrainerPlugin.hook
     def after_setup(self, max_epochs: int = 0, base_path: Any = ".", save_final_model: bool = True, **_: Any):
@@ -81,12 +85,29 @@ class StreamingPlugin(TrainerPlugin):
             checkpoint = self._base_path / "stopped-model.pt"
             if self._rank == 0:
                 self.model.save(checkpoint)
+        self._stopped_at = checkpoint
         if self._rank == 0:
             self._sender.send(Stopped(0, str(checkpoint)))
         raise TrainingInterrupt(f"stopped from the notebook after epoch {epoch}, batch {batch}; model: {checkpoint}")
 
     @TrainerPlugin.hook
+    def training_interrupt(self, **_: Any) -> None:
+        """After a stop, flair would evaluate the whole test split (minutes on a real one): skip it."""
+        if self._stopped_at is None:  # another plugin's interrupt: flair's usual course
+            return
+        self._corpus_before_stop = self.trainer.corpus
+        without_test = copy.copy(self._corpus_before_stop)
+        without_test._test = None
+        self.trainer.corpus = without_test
+        logging.getLogger("flair").info(
+            "flair_nbddp: stopped, so flair's final test evaluation is skipped and test_score is 0; "
+            "evaluate the checkpoint (%s) if you need one", self._stopped_at
+        )
+
+    @TrainerPlugin.hook
     def after_training(self, **_: Any) -> None:
+        if self._corpus_before_stop is not None:
+            self.trainer.corpus, self._corpus_before_stop = self._corpus_before_stop, None
         for name in ("final-model.pt", "best-model.pt", "stopped-model.pt"):
             path = self._base_path / name
             if path.exists() and path not in SAVED_MODELS:
@@ -139,11 +160,3 @@ def instrument_trainer(sender: EventSender, rank: int, world_size: int, counters
         return original(self, *args, multi_gpu=multi_gpu, plugins=plugins, **kwargs)
 
     ModelTrainer.train_custom = train_custom
-
-
-def reset_between_jobs(device: torch.device) -> None:
-    """Drop what a job leaves behind for the next one on a warm worker: saved-model notes, cached GPU memory."""
-    SAVED_MODELS.clear()
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()

@@ -51,8 +51,9 @@ class WorkerGroup:
             try:
                 for rank in range(self.plan.world_size):
                     self._spawn(rank, listener, first_job, stay)
-            except BaseException:
-                self.terminate()
+            except BaseException:  # e.g. an interrupt mid-way: no worker and no channel may stay behind
+                self.terminate(grace=1.0)
+                self.close_channels()
                 raise
         return self
 
@@ -87,13 +88,16 @@ class WorkerGroup:
                 pass_fds=inherited,
                 start_new_session=True,
             )
+        except BaseException:
+            parent_end.close()
+            raise
         finally:
             os.close(log_fd)
             child_end.close()
         self.processes.append(process)
         self.connections.append(Connection(parent_end.detach()))
-        process.stdin.write(json.dumps(spec).encode())
-        process.stdin.close()
+        with process.stdin:
+            process.stdin.write(json.dumps(spec).encode())
 
     # -- talking ----------------------------------------------------------------------------------
     def send_all(self, message: Any) -> None:
@@ -150,8 +154,16 @@ class WorkerGroup:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=max(0.0, end - time.monotonic()))
         self.terminate(grace=1.0)
+        self.close_channels()
+
+    def close_channels(self) -> None:
+        """Close the parent's end of every rank's channel (and stdin pipe not yet closed)."""
         for connection in self.connections:
             connection.close()
+        for process in self.processes:
+            if process.stdin is not None and not process.stdin.closed:
+                with contextlib.suppress(OSError):
+                    process.stdin.close()
 
     @property
     def alive(self) -> bool:

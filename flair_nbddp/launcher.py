@@ -33,9 +33,29 @@ if TYPE_CHECKING:
     from .pool import WorkerPool
 
 RUNS_ENV = "FLAIR_NBDDP_RUNS"
+SEED_ENV = "FLAIR_NBDDP_SEED"
 DEFAULT_STOP_TIMEOUT = 30.0
 DEFAULT_HANG_TIMEOUT = 300.0
 _RUNS: list[Run] = []  # every run started in this process, oldest first (for %ddp_info)
+
+
+def default_seed() -> int:
+    """``$FLAIR_NBDDP_SEED`` when set (reproducible runs without editing a notebook), else a random seed.
+
+    Example:
+        >>> os.environ["FLAIR_NBDDP_SEED"] = "7"
+        >>> default_seed()
+        7
+    """
+    value = os.environ.get(SEED_ENV, "").strip()
+    if not value:
+        return random.randrange(2**31)
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(
+            f"{SEED_ENV}={value!r} is not a whole number: set it to one (e.g. 0), or unset it for a random seed per run"
+        ) from None
 
 
 def runs_root() -> Path:
@@ -96,7 +116,7 @@ class Run:
         if not callable(fn):
             raise TypeError(f"fn must be callable (a function to run on every rank), not {type(fn).__name__}")
         self.fn, self.args, self.kwargs, self.plan = fn, tuple(args), dict(kwargs or {}), plan
-        self.seed = random.randrange(2**31) if seed is None else int(seed)
+        self.seed = default_seed() if seed is None else int(seed)
         self.timeout, self.stop_timeout, self.hang_timeout = timeout, stop_timeout, hang_timeout
         self.pool = pool
         if pool is not None:
@@ -146,14 +166,16 @@ class Run:
         else:
             self.group = WorkerGroup(self.plan, self.run_dir).start(job, stay=False)
         try:
+            _RUNS.append(self)
             self._supervisor = threading.Thread(
                 target=self._supervise, args=(tail,), name="flair_nbddp-supervisor", daemon=True
             )
             self._supervisor.start()
-        except BaseException:  # an interrupt right here must not leave workers behind
+        except BaseException:  # an interrupt right here must not leave workers or channels behind
             self.group.terminate()
+            if self.pool is None and not (self._supervisor and self._supervisor.is_alive()):
+                self.group.close_channels()  # else the supervisor's run is ended by whoever started it
             raise
-        _RUNS.append(self)
         return self
 
     @property
@@ -229,8 +251,8 @@ class Run:
     def stop(self) -> None:
         """Ask every rank to stop gracefully after the current batch; returns at once.
 
-        flair then saves ``final-model.pt`` in its ``base_path`` (the result's ``checkpoint``), runs its
-        final evaluation and returns. Ranks not inside flair training by ``stop_timeout`` seconds are ended.
+        flair then saves ``final-model.pt`` in its ``base_path`` (the result's ``checkpoint``) and returns,
+        skipping its final test evaluation. Ranks not inside flair training by ``stop_timeout`` seconds are ended.
         """
         if self._stop_deadline is not None or self._done.is_set() or self.group is None:
             return
@@ -404,17 +426,21 @@ def launch(
         stop_timeout: seconds a graceful stop may take before the workers are ended.
         hang_timeout: seconds without progress on any rank (no training step, an unchanged call stack)
             after which the run is ended with :class:`RunHangError` showing every rank's stack; None: off.
-        seed: the seed given to every rank (``flair.set_seed``); random if None, and kept in the result.
+            A rank stuck in a collective or a tight loop has an unchanging stack; one that loops through
+            different Python functions (polling, retrying) looks busy to it: ``timeout`` bounds those.
+        seed: the seed given to every rank (``flair.set_seed``); if None, ``$FLAIR_NBDDP_SEED`` or a random
+            one. Kept in the result.
         dashboard: None shows the live widget dashboard in a notebook (plain progress lines and rank 0's
             log elsewhere); True insists on the widget; False shows nothing but rank 0's log lines.
         run_dir: where logs go; default a new private directory under :func:`runs_root`.
-        pool: run on these warm workers instead of starting new ones (see :class:`~flair_nbddp.WorkerPool`).
+        pool: run on these warm workers instead of starting new ones (see :class:`~flair_nbddp.WorkerPool`);
+            ``processes``/``device``, if given, must match the pool.
 
     Raises:
         WorkerError: a rank failed (``.rank``, the remote traceback, ``.result`` with the logs).
         RunTimeoutError, RunHangError: the run exceeded ``timeout`` / made no progress.
         ShippingError: ``fn`` or an argument cannot be sent to the workers (names which one).
-        ValueError: impossible devices or process counts.
+        ValueError: impossible devices or process counts, or ones a given ``pool`` does not have.
 
     Example:
         >>> def train(corpus):                                           # doctest: +SKIP
@@ -426,13 +452,17 @@ def launch(
     """
     from .dashboard import open_view
 
+    mismatch = pool and pool.mismatch(processes, device)
+    if mismatch:
+        raise ValueError(f"{mismatch}: leave processes/device out to run on it, or launch without pool=")
     plan = pool.plan if pool is not None else resolve_devices(device, processes)
     run = Run(
         fn, args, kwargs or {}, plan, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
         hang_timeout=hang_timeout, run_dir=run_dir, pool=pool,
-    ).start()
+    )
     view = None
     try:
+        run.start()
         view = open_view(run, dashboard)
         view.start()
         result = run.wait(echo=view.echo_logs, on_tick=view.poll)

@@ -73,19 +73,17 @@ class DdpMagics(Magics):
             raise UsageError(f"--out {options.out!r} is not a valid variable name")
         shipped = _check_names(cell, self.shell.user_ns)
         pool = current_pool()
-        if pool is not None and (options.processes or options.device):
-            wanted = (options.processes or pool.plan.world_size, options.device or pool.plan.device_type)
-            if wanted != (pool.plan.world_size, pool.plan.device_type):
-                raise UsageError(
-                    f"the warm pool runs {pool.plan.world_size} × {pool.plan.device_type}; drop --processes/--device "
-                    "to use it, or '%ddp_pool stop' first to launch cold workers of another size"
-                )
+        mismatch = pool and pool.mismatch(options.processes, options.device)
+        if mismatch:
+            raise UsageError(
+                f"{mismatch}; drop --processes/--device to use it, or '%ddp_pool stop' first to launch cold workers"
+            )
         try:
             result = launch(
                 execute_cell,
                 args=(cell, shipped),
-                processes=None if pool else options.processes,
-                device=None if pool else options.device,
+                processes=options.processes,
+                device=options.device,
                 timeout=options.timeout,
                 seed=options.seed,
                 dashboard=False if options.no_dashboard else None,

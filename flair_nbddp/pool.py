@@ -87,11 +87,9 @@ class WorkerPool:
 
     # -- public -----------------------------------------------------------------------------------
     def launch(self, fn: Callable, args: tuple = (), kwargs: dict | None = None, **options: Any) -> RunResult:
-        """:func:`flair_nbddp.launch` on the pool's workers (same options but ``processes``/``device``)."""
+        """:func:`flair_nbddp.launch` on the pool's workers (``processes``/``device``, if given, must match)."""
         from .launcher import launch
 
-        if "processes" in options or "device" in options:
-            raise TypeError("a pool's processes and device are fixed when it starts: WorkerPool(processes, device)")
         return launch(fn, args, kwargs, pool=self, **options)
 
     def launch_distributed(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -115,6 +113,17 @@ class WorkerPool:
             f"WorkerPool: {self.plan.world_size} × {self.plan.device_type} ({self.plan.backend}), {state}; "
             f"{self.jobs_run} job(s) run, {self.recycled} recycle(s); logs {self.run_dir}"
         )
+
+    def mismatch(self, processes: int | None, device: str | None) -> str | None:
+        """Why ``processes``/``device`` cannot run on this pool (None when they match or are left out).
+
+        Example:
+            >>> WorkerPool(2, "cpu").mismatch(4, None)
+            'the warm pool runs 2 × cpu, not 4 × cpu'
+        """
+        have = (self.plan.world_size, self.plan.device_type)
+        wanted = (processes or have[0], device or have[1])
+        return None if wanted == have else f"the warm pool runs {have[0]} × {have[1]}, not {wanted[0]} × {wanted[1]}"
 
     def warm_up(self) -> WorkerPool:
         """Start the workers now and import flair in them, so the first real job starts warm."""

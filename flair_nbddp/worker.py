@@ -103,23 +103,26 @@ def _main_thread_activity() -> int:
     return hash(tuple(functions))
 
 
+def _heartbeat(rank: int, vitals: _Vitals) -> Heartbeat:
+    """This rank's vitals now: step, samples, throughput, memory, the main thread's activity."""
+    counters = vitals.counters
+    return Heartbeat(
+        rank,
+        counters.step if counters else 0,
+        counters.samples if counters else 0,
+        counters.samples_per_second if counters else 0.0,
+        vitals.memory_bytes(),
+        activity=_main_thread_activity(),
+    )
+
+
 def _start_heartbeat(sender: EventSender, rank: int, vitals: _Vitals) -> None:
     """Every second from start-up on: liveness, throughput and the main thread's activity."""
 
     def beat() -> None:
         while True:
-            counters = vitals.counters
             if not vitals.idle:
-                sender.send(
-                    Heartbeat(
-                        rank,
-                        counters.step if counters else 0,
-                        counters.samples if counters else 0,
-                        counters.samples_per_second if counters else 0.0,
-                        vitals.memory_bytes(),
-                        activity=_main_thread_activity(),
-                    )
-                )
+                sender.send(_heartbeat(rank, vitals))
             pause.wait(HEARTBEAT_SECONDS)
 
     pause = threading.Event()
@@ -226,8 +229,17 @@ def _reset_between_jobs(vitals: _Vitals) -> None:
 
         from . import flair_compat
 
-        flair_compat.reset_between_jobs(vitals.device)
+        flair_compat.SAVED_MODELS.clear()
         flair.device = vitals.device
+
+
+def _release_memory(vitals: _Vitals) -> None:
+    """Free a finished job's cycles and cached GPU memory while the worker waits for the next job."""
+    gc.collect()
+    if vitals.device is not None and vitals.device.type == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 def run_job(spec: dict, job: dict, sender: EventSender, vitals: _Vitals) -> None:
@@ -238,8 +250,8 @@ def run_job(spec: dict, job: dict, sender: EventSender, vitals: _Vitals) -> None
     _reset_between_jobs(vitals)
     fn, args, kwargs = payload.read_payload(job["payload"])
     # a shipped corpus is millions of objects that live as long as the job: keep the cyclic collector
-    # from rescanning them at every full collection (~11 s each for 50,000 IMDB-length documents)
-    gc.collect()
+    # from rescanning them at every full collection (~11 s each for 50,000 IMDB-length documents).
+    # No collection first: the last job's garbage went while the worker waited (_release_memory).
     gc.freeze()
     try:
         _check_health(spec["world_size"], vitals.device)
@@ -253,6 +265,7 @@ def run_job(spec: dict, job: dict, sender: EventSender, vitals: _Vitals) -> None
             sender.send(ResultReady(0, job["result"]))
     finally:
         gc.unfreeze()  # a warm worker must be able to free this job's objects
+    sender.send(_heartbeat(rank, vitals))  # the result's per-rank figures are the final ones, not a second old
     sender.send(Finished(rank))
 
 
@@ -277,7 +290,8 @@ def main() -> None:
     _listen_to_parent(sender, jobs)
     vitals = _Vitals()
     _start_heartbeat(sender, spec["rank"], vitals)
-    stacks = open(spec["stacks"], "w")  # noqa: SIM115 - stays open for faulthandler until exit
+    # private like every file of the run; stays open for faulthandler until exit
+    stacks = os.fdopen(os.open(spec["stacks"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     job = spec["job"]
     try:
@@ -287,6 +301,7 @@ def main() -> None:
             if not spec["stay"]:
                 break
             vitals.idle = True
+            _release_memory(vitals)  # now, not on the next job's way to its first batch
             job = jobs.get()
             vitals.idle = False
     except BaseException as error:  # noqa: BLE001 - every failure is reported to the parent

@@ -235,7 +235,7 @@ def test_dashboard_updater_thread_redraws_at_most_five_times_a_second(run, monke
         run.state.add_log_lines(["tick"])
         time.sleep(0.001)
     view.finish(finished(run))
-    assert 3 <= len(draws) <= 1 + 5 + 1  # the live ones, plus the frozen one from finish
+    assert 2 <= len(draws) <= 1 + 5 + 1  # the live ones (fewer on a starved machine), plus the frozen one
     assert not any(thread.name == "flair_nbddp-dashboard" for thread in threading.enumerate())
 
 

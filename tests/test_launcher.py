@@ -51,7 +51,8 @@ print(json.dumps({{
     "predictions": [positive.get_label(label_type).value, negative.get_label(label_type).value],
     "device": str(next(result.value["model"].parameters()).device),
     "losses": [v for _, v in result.history("train/loss")],
-    "pids": [r.pid for r in result.ranks], "logs": {{str(k): str(v) for k, v in result.log_files.items()}},
+    "pids": [r.pid for r in result.ranks], "steps": [r.step for r in result.ranks],
+    "samples": [r.samples for r in result.ranks], "logs": {{str(k): str(v) for k, v in result.log_files.items()}},
     "first_batch": result.time_to_first_batch, "sps": result.samples_per_second,
 }}))
 """,
@@ -65,6 +66,8 @@ print(json.dumps({{
     assert report["device"] == "cpu"
     assert len(report["losses"]) == 6 and report["losses"][-1] < report["losses"][0]
     assert report["first_batch"] > 0 and report["sps"] > 0
+    # each rank's last word is its final count: 100 documents each, batches of 8 -> 13 steps per epoch
+    assert report["steps"] == [6 * 13, 6 * 13] and report["samples"] == [6 * 100, 6 * 100]
     # rank 0's log reached the "cell"; rank 1's did not, but its file has it
     assert "EPOCH 6 done" in cell_output and "rank 0 says goodbye" in cell_output
     assert "rank 1 says goodbye" not in cell_output
@@ -152,11 +155,27 @@ def _world():
     return dist.get_rank(), dist.get_world_size(), os.environ["MASTER_PORT"]
 
 
-def test_two_launches_in_a_row_use_fresh_ports():
-    first, second = launch(_world, dashboard=False), launch(_world, dashboard=False)
+def _nobody_listens_on(port: int) -> bool:
+    # connections of the finished run may linger in TIME_WAIT for a minute; a listener must not
+    return not any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in psutil.net_connections("tcp"))
+
+
+def test_two_launches_in_a_row_work_and_leave_no_port_bound():
+    first = launch(_world, dashboard=False)
+    assert _nobody_listens_on(int(first.value[2]))  # the rendezvous port is free the moment launch returns
+    second = launch(_world, dashboard=False)
     assert first.value[:2] == second.value[:2] == (0, 2)
-    assert first.seed != second.seed or first.value[2] != second.value[2]
+    assert _nobody_listens_on(int(second.value[2]))
     assert _gone(first) and _gone(second)
+
+
+def test_seed_comes_from_the_environment_when_not_given(monkeypatch):
+    monkeypatch.setenv("FLAIR_NBDDP_SEED", "11")
+    assert launch(_world, dashboard=False).seed == 11
+    assert launch(_world, dashboard=False, seed=3).seed == 3
+    monkeypatch.setenv("FLAIR_NBDDP_SEED", "eleven")
+    with pytest.raises(ValueError, match="FLAIR_NBDDP_SEED='eleven' is not a whole number"):
+        launch(_world, dashboard=False)
 
 
 def test_launch_distributed_is_a_drop_in_returning_rank_zero_value():
@@ -171,7 +190,9 @@ def test_non_callable_is_refused_before_any_process_starts():
 def test_run_directory_and_logs_are_private():
     result = launch(_world, dashboard=False)
     assert oct(os.stat(result.run_dir).st_mode & 0o777) == "0o700"
-    assert all(oct(os.stat(p).st_mode & 0o777) == "0o600" for p in result.log_files.values())
+    files = list(result.run_dir.iterdir())  # logs, stacks; payload and result are gone
+    assert {p.name for p in files} >= {"rank0.log", "rank1.log", "stacks-rank0.txt", "stacks-rank1.txt"}, files
+    assert all(oct(os.stat(p).st_mode & 0o777) == "0o600" for p in files), [(p.name, oct(p.stat().st_mode)) for p in files]
     assert not (result.run_dir / "payload.pkl").exists() and not (result.run_dir / "result.pkl").exists()
 
 

@@ -28,7 +28,10 @@ NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 CHECK_TAG = "nbval-check-output"
 CELL_TIMEOUT_SECONDS = 600
 NOTEBOOK_TIMEOUT_SECONDS = 900
-ENVIRONMENT = {"FLAIR_NBDDP_DEVICE": "cpu", "FLAIR_NBDDP_PROCESSES": "2", "HF_HUB_OFFLINE": "1"}
+# a fixed seed: the checked predictions come from short trainings of a tiny model (they held for seeds 0-4)
+ENVIRONMENT = {
+    "FLAIR_NBDDP_DEVICE": "cpu", "FLAIR_NBDDP_PROCESSES": "2", "FLAIR_NBDDP_SEED": "0", "HF_HUB_OFFLINE": "1",
+}
 
 
 def _code_cells(path: Path) -> list[dict]:

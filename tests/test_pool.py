@@ -11,7 +11,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from flair_nbddp import WorkerError, WorkerPool
+from flair_nbddp import Run, WorkerError, WorkerPool
 from training_jobs import train_sentiment
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
@@ -61,6 +61,10 @@ def test_jobs_reuse_the_same_processes_and_do_not_leak_into_each_other(pool):
     assert disabled2 is False and handlers2 == handlers1  # the flair logger was restored
     assert random1 == random2  # the seed is applied per job
     assert "WorkerPool: 2 × cpu (gloo), warm; 2 job(s) run, 0 recycle(s)" in pool.status()
+    # a layout the pool does not have is refused before anything is sent, and the pool stays usable
+    with pytest.raises(ValueError, match="the warm pool runs 2 × cpu, not 1 × cpu: leave processes/device out"):
+        pool.launch(_identity_and_state, dashboard=False, processes=1)
+    assert pool.launch(_identity_and_state, dashboard=False, device="cpu", processes=2).value[0] == pid1
 
 
 def test_failed_job_recycles_the_workers_and_says_so(pool, capsys):
@@ -83,7 +87,7 @@ def test_a_worker_killed_between_jobs_is_noticed_and_replaced(pool):
     assert "worker(s) [1] had exited" in pool.notes[-1]
 
 
-def test_training_twice_on_warm_workers_and_a_stopped_job_recycles(pool, tiny_model_path, tmp_path):
+def test_training_twice_on_warm_workers_then_a_stopped_job_recycles_them(pool, tiny_model_path, tmp_path):
     first = pool.launch(train_sentiment, args=(tiny_model_path, str(tmp_path / "a")),
                         kwargs={"epochs": 2, "batch": 16, "docs": 96}, dashboard=False)
     pids = pool.pids
@@ -92,6 +96,20 @@ def test_training_twice_on_warm_workers_and_a_stopped_job_recycles(pool, tiny_mo
     assert first.status == second.status == "finished" and pool.pids == pids
     assert len(second.history("train/loss")) == 2 and "EPOCH 2 done" in second.log
     assert second.time_to_first_batch < first.time_to_first_batch
+
+    # a stopped job (Stop in the dashboard or panel) leaves its workers to be recycled
+    run = Run(train_sentiment, (tiny_model_path, str(tmp_path / "c")), {"docs": 96}, pool.plan, pool=pool).start()
+    deadline = time.monotonic() + 120
+    while run.state.snapshot().batch < 2:
+        assert time.monotonic() < deadline, "training did not start"
+        time.sleep(0.1)
+    run.stop()
+    assert run.wait().status == "stopped"
+    recycled = pool.recycled
+    third = pool.launch(train_sentiment, args=(tiny_model_path, str(tmp_path / "d")),
+                        kwargs={"epochs": 1, "batch": 16, "docs": 32}, dashboard=False)
+    assert third.status == "finished" and pool.recycled == recycled + 1 and set(pool.pids).isdisjoint(pids)
+    assert "recycled the pool's workers" in pool.notes[-1]
 
 
 def test_closing_ends_the_workers():

@@ -28,7 +28,7 @@ def train_then_return_a_generator(model_path: str, base_path: str):
     return (line for line in ["not", "picklable"])
 
 
-def train_ner(corpus, base_path: str, epochs: int = 8):
+def train_ner(corpus, base_path: str, epochs: int = 15):
     """A small SequenceTagger (one-hot word embeddings, an LSTM, no CRF) on a span-labelled corpus."""
     from flair.embeddings import OneHotEmbeddings
     from flair.models import SequenceTagger
