@@ -58,46 +58,49 @@ class WorkerGroup:
         return self
 
     def _spawn(self, rank: int, listener: socket.socket, first_job: dict[str, Any], stay: bool) -> None:
-        parent_end, child_end = socket.socketpair()
         port = listener.getsockname()[1]
-        inherited = [child_end.fileno()] + ([listener.fileno()] if rank == 0 else [])
-        spec = {
-            "rank": rank,
-            "world_size": self.plan.world_size,
-            "device": self.plan.device_for(rank),
-            "backend": self.plan.backend,
-            "port": port,
-            "listen_fd": listener.fileno() if rank == 0 else None,
-            "rendezvous_timeout": RENDEZVOUS_TIMEOUT_SECONDS,
-            "stacks": str(self.stack_files[rank]),
-            "sys_path": [entry for entry in sys.path if entry],
-            "fd": child_end.fileno(),
-            "stay": stay,
-            "job": first_job,
-        }
         env = {**os.environ, **self.plan.rank_environment(rank, port)}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
-        log_fd = os.open(self.log_files[rank], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        # from here on every descriptor is accounted for, even if an interrupt lands between two lines
+        parent_end, child_end = socket.socketpair()
         try:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "flair_nbddp.worker"],
-                stdin=subprocess.PIPE,
-                stdout=log_fd,
-                stderr=subprocess.STDOUT,
-                env=env,
-                pass_fds=inherited,
-                start_new_session=True,
-            )
+            spec = {
+                "rank": rank,
+                "world_size": self.plan.world_size,
+                "device": self.plan.device_for(rank),
+                "backend": self.plan.backend,
+                "port": port,
+                "listen_fd": listener.fileno() if rank == 0 else None,
+                "rendezvous_timeout": RENDEZVOUS_TIMEOUT_SECONDS,
+                "stacks": str(self.stack_files[rank]),
+                "sys_path": [entry for entry in sys.path if entry],
+                "fd": child_end.fileno(),
+                "stay": stay,
+                "job": first_job,
+            }
+            log_fd = os.open(self.log_files[rank], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                self.processes.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "flair_nbddp.worker"],
+                        stdin=subprocess.PIPE,
+                        stdout=log_fd,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        pass_fds=[child_end.fileno()] + ([listener.fileno()] if rank == 0 else []),
+                        start_new_session=True,
+                    )
+                )
+            finally:
+                os.close(log_fd)
+            self.connections.append(Connection(parent_end.detach()))
         except BaseException:
-            parent_end.close()
+            parent_end.close()  # a no-op once its descriptor went to the connection
             raise
         finally:
-            os.close(log_fd)
             child_end.close()
-        self.processes.append(process)
-        self.connections.append(Connection(parent_end.detach()))
-        with process.stdin:
-            process.stdin.write(json.dumps(spec).encode())
+        with self.processes[-1].stdin as stdin:
+            stdin.write(json.dumps(spec).encode())
 
     # -- talking ----------------------------------------------------------------------------------
     def send_all(self, message: Any) -> None:
@@ -136,25 +139,32 @@ class WorkerGroup:
             for process in alive:
                 self._kill_group(process, signal.SIGTERM)
             end = time.monotonic() + grace
-            for process in alive:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=max(0.0, end - time.monotonic()))
-            for process in self.processes:
-                # the whole group: a worker's own children (e.g. data loader processes) go too
-                self._kill_group(process, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=grace)
+            try:
+                for process in alive:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        process.wait(timeout=max(0.0, end - time.monotonic()))
+            finally:  # an interrupt while waiting must not spare anyone
+                for process in self.processes:
+                    # the whole group: a worker's own children (e.g. data loader processes) go too
+                    self._kill_group(process, signal.SIGKILL)
+                for process in self.processes:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        process.wait(timeout=grace)
 
     def close(self, grace: float = TERMINATE_GRACE_SECONDS) -> None:
         """Ask the workers to leave their process group and exit, terminate those that do not, and
-        close the channels (the group is done)."""
-        self.send_all(EXIT)
-        end = time.monotonic() + grace
-        for process in self.processes:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=max(0.0, end - time.monotonic()))
-        self.terminate(grace=1.0)
-        self.close_channels()
+        close the channels (the group is done), even if an interrupt comes meanwhile."""
+        try:
+            self.send_all(EXIT)
+            end = time.monotonic() + grace
+            for process in self.processes:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=max(0.0, end - time.monotonic()))
+        finally:
+            try:
+                self.terminate(grace=1.0)
+            finally:
+                self.close_channels()
 
     def close_channels(self) -> None:
         """Close the parent's end of every rank's channel (and stdin pipe not yet closed)."""

@@ -348,7 +348,10 @@ class Run:
         if error is None and self.state.result_path is not None:
             value = payload.read_result(self._result_path)
         self.state.end("failed" if error else "stopped" if stopped else "finished")
-        self._release_workers(clean=error is None and not stopped)
+        try:
+            self._release_workers(clean=error is None and not stopped)
+        except KeyboardInterrupt:
+            pass  # it came after the run had ended (the release still completed): the result stands
         snapshot = self.state.snapshot()
         self._result = RunResult(
             value=value,
@@ -376,13 +379,15 @@ class Run:
 
     def _release_workers(self, clean: bool) -> None:
         """A cold run's workers exit; a pool keeps them after a clean job and recycles them otherwise."""
-        if self.pool is not None:
-            self.pool.job_ended(clean, reason=self.state.snapshot().status)
-        else:
-            self.group.close(grace=TERMINATE_GRACE_SECONDS)
-        for path in (self._payload_path, self._result_path):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        try:
+            if self.pool is not None:
+                self.pool.job_ended(clean, reason=self.state.snapshot().status)
+            else:
+                self.group.close(grace=TERMINATE_GRACE_SECONDS)
+        finally:
+            for path in (self._payload_path, self._result_path):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
 
 
 def runs() -> list[Run]:

@@ -12,7 +12,14 @@ PROBE = (
     "import os, threading, psutil\n"
     "me = psutil.Process()\n"
     "psutil.wait_procs(me.children(recursive=True), timeout=10)  # workers of the last run may still be exiting\n"
-    "print('PROBE', len(me.children(recursive=True)), threading.active_count(), len(os.listdir('/proc/self/fd')),"
+    "def target(fd):\n"
+    "    try:\n"
+    "        return os.readlink(f'/proc/self/fd/{fd}')\n"
+    "    except OSError:\n"
+    "        return ''\n"
+    "# IPython opens and closes its history database's journal as cells run: not ours to count\n"
+    "fds = [fd for fd in os.listdir('/proc/self/fd') if not target(fd).endswith('history.sqlite-journal')]\n"
+    "print('PROBE', len(me.children(recursive=True)), threading.active_count(), len(fds),"
     " len([c for c in me.connections('inet') if c.status == psutil.CONN_LISTEN]))\n"
 )
 
