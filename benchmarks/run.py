@@ -12,6 +12,10 @@ collects them, prints a table and writes every figure with the machine, versions
 * ``dashboard_throughput_ratio``: samples/s with the live dashboard / without, in a real kernel (>= 0.97);
 * ``pack_speedup_vs_cloudpickle``: cloudpickle's time to pack a generated corpus / the codec's (>= 10);
 * ``warm_vs_cold_first_batch``: time to the first batch on a warm pool / a cold launch (<= 0.2).
+
+The throughput part also runs the job through HF accelerate's ``notebook_launcher`` and on a warm
+``WorkerPool`` (``kit_vs_accelerate_throughput``; samples/s and time to the first batch, from the start of
+the program and from the launch call, for every launcher).
 """
 
 from __future__ import annotations
@@ -50,25 +54,28 @@ def script(name: str, *args: str) -> dict:
     return figures
 
 
+LAUNCHERS = ("flair", "kit", "kit-pool", "accelerate")
+
+
 def throughput(device: str, size: str, docs: int, repeats: int) -> dict:
-    runs = {"kit": [], "flair": []}
+    """Interleaved runs of the same training through each launcher; medians and the ratios between them."""
+    runs: dict[str, list[dict]] = {launcher: [] for launcher in LAUNCHERS}
     common = ["--device", device, "--size", size, "--docs", str(docs), "--batch", "32"]
     for _ in range(repeats):
-        for launcher in ("flair", "kit"):
+        for launcher in LAUNCHERS:
             runs[launcher].append(script("throughput", "--launcher", launcher, *common))
-    kit = statistics.median(r["samples_per_s"] for r in runs["kit"])
-    flair = statistics.median(r["samples_per_s"] for r in runs["flair"])
-    return {
-        "kit_vs_flair_throughput": kit / flair,
-        "kit_samples_per_s": kit,
-        "flair_samples_per_s": flair,
-        "kit_first_batch_s": statistics.median(r["first_batch_s"] for r in runs["kit"]),
-        "flair_first_batch_s": statistics.median(r["first_batch_s"] for r in runs["flair"]),
-        "throughput_runs": runs,
-    }
+    figures: dict = {"throughput_runs": runs}
+    for launcher, measured in runs.items():
+        name = launcher.replace("-", "_")
+        for figure in ("samples_per_s", "first_batch_s", "launch_to_first_batch_s", "cpu_ms_per_sample"):
+            figures[f"{name}_{figure}"] = statistics.median(run[figure] for run in measured)
+    figures["kit_vs_flair_throughput"] = figures["kit_samples_per_s"] / figures["flair_samples_per_s"]
+    figures["kit_vs_accelerate_throughput"] = figures["kit_samples_per_s"] / figures["accelerate_samples_per_s"]
+    return figures
 
 
 def versions() -> dict:
+    import accelerate
     import flair
     import torch
 
@@ -81,6 +88,7 @@ def versions() -> dict:
         "torch": torch.__version__,
         "flair": flair.__version__,
         "flair_nbddp": flair_nbddp.__version__,
+        "accelerate": accelerate.__version__,
         "cpus": os.cpu_count(),
         "gpus": gpus,
         "platform": platform.platform(),
@@ -98,7 +106,7 @@ def main() -> None:
     size = "distilbert" if args.device == "cuda" else "tiny"
     quick = args.quick
     figures: dict = {"quick": quick, "device": args.device, **versions()}
-    figures |= throughput(args.device, size, docs=400 if quick else 4000, repeats=2 if quick else 3)
+    figures |= throughput(args.device, size, docs=800 if quick else 4000, repeats=3)
     figures |= script("dashboard_cost", "--docs", "600" if quick else "2000", "--epochs", "2", "--repeats", "2")
     shipping = script("corpus_shipping", "--docs", "5000" if quick else "50000")
     figures |= {"corpus_shipping": shipping, **shipping["ratios"]}
@@ -111,8 +119,15 @@ def main() -> None:
         value = figures[name]
         met = value >= target if direction == ">=" else value <= target
         print(f"  {name:<30} {value:8.3f}   target {direction} {target:<5} {'met' if met else 'MISSED'}")
-    for name in ("kit_samples_per_s", "flair_samples_per_s", "kit_first_batch_s", "flair_first_batch_s",
-                 "dashboard_on_samples_per_s", "dashboard_off_samples_per_s", "size_ratio_vs_cloudpickle",
+    print(f"  {'kit_vs_accelerate_throughput':<30} {figures['kit_vs_accelerate_throughput']:8.3f}")
+    print(f"\n  {'launcher':<12} {'samples/s':>10} {'CPU ms/sample':>14} {'first batch after start':>24}"
+          f" {'after the launch call':>22}")
+    for launcher in LAUNCHERS:
+        name = launcher.replace("-", "_")
+        print(f"  {launcher:<12} {figures[name + '_samples_per_s']:10.1f} {figures[name + '_cpu_ms_per_sample']:14.2f}"
+              f" {figures[name + '_first_batch_s']:22.1f} s {figures[name + '_launch_to_first_batch_s']:20.1f} s")
+    print()
+    for name in ("dashboard_on_samples_per_s", "dashboard_off_samples_per_s", "size_ratio_vs_cloudpickle",
                  "cold_first_batch_s", "warm_first_batch_s", "trivial_job_cold_s", "trivial_job_warm_s"):
         print(f"  {name:<30} {figures[name]:8.3f}")
     if args.json:

@@ -1,14 +1,27 @@
-"""Training throughput and time to first batch: flair_nbddp's launcher vs flair's own, same job.
+"""Training throughput and launch latency: flair_nbddp's launcher vs flair's own vs accelerate's, same job.
 
-    python benchmarks/throughput.py --launcher kit   --device cuda --size distilbert --docs 4000
-    python benchmarks/throughput.py --launcher flair --device cuda --size distilbert --docs 4000
+    python benchmarks/throughput.py --launcher kit        --device cuda --size distilbert --docs 4000
+    python benchmarks/throughput.py --launcher flair      --device cuda --size distilbert --docs 4000
+    python benchmarks/throughput.py --launcher accelerate --device cuda --size distilbert --docs 4000
 
-On CPU (``--device cpu``) flair's launcher gets the same CPU bend as the kit's workers (gloo, CPU
-DDP); everything else is identical. ``kit`` runs the job the notebook way: a training function defined in a file-less ``__main__``
-(``python -c``), the corpus built once in the parent and shipped by flair_nbddp. ``flair`` runs it the
-script way: ``flair.distributed_utils.launch_distributed(main)`` from this file, every rank building the
-corpus itself. Both time from the start of the program (``T0``) to the end of the first training batch,
-and count samples/s after the first batch, summed over ranks. Prints one JSON line.
+On CPU (``--device cpu``) flair's and accelerate's launchers get the same CPU bend as the kit's workers
+(gloo, CPU DDP); everything else is identical.
+
+* ``kit`` runs the job the notebook way: a training function defined in a file-less ``__main__``
+  (``python -c``), the corpus built once in the parent and shipped by flair_nbddp.
+* ``kit-pool`` does the same on a :class:`~flair_nbddp.WorkerPool` started and warmed up before the launch
+  (what a second run in a notebook gets after ``%ddp_pool start``).
+* ``flair`` runs it the script way: ``flair.distributed_utils.launch_distributed(main)`` from this file,
+  every rank building the corpus itself.
+* ``accelerate`` runs it the way Hugging Face's notebook peer does: ``accelerate.notebook_launcher`` from a
+  file-less ``__main__`` with the corpus built once in the parent; it forks its ranks (so the corpus is
+  inherited, not shipped), the function sets up the process group with ``PartialState`` and writes rank 0's
+  figures to a file, since ``notebook_launcher`` returns nothing. With one device, ``notebook_launcher`` runs
+  the function in the calling process without a process group, so the job trains with ``multi_gpu=False``.
+
+All time the end of the first training batch from the start of the program (``T0``) and from the launch
+call, and count samples/s after the first batch, summed over ranks, and each rank's CPU milliseconds per
+sample. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -33,8 +46,11 @@ def make_corpus(docs: int):
     return sentiment_corpus(n_train=docs, n_dev=max(32, docs // 20), n_test=max(32, docs // 20), words=(200, 260))
 
 
-def timed_fine_tune(corpus, docs: int, model_path: str, base_path: str, batch: int, chunk: int | None, epochs: int):
-    """Fine-tune a TextClassifier with ``multi_gpu=True``, timing the first batch and the throughput after it."""
+def timed_fine_tune(
+    corpus, docs: int, model_path: str, base_path: str, batch: int, chunk: int | None, epochs: int,
+    launched_at: float, multi_gpu: bool = True,
+):
+    """Fine-tune a TextClassifier, timing the first batch (since ``T0`` and ``launched_at``) and the throughput after it."""
     import numpy as np
     from flair.distributed_utils import aggregate
     from flair.embeddings import TransformerDocumentEmbeddings
@@ -43,17 +59,18 @@ def timed_fine_tune(corpus, docs: int, model_path: str, base_path: str, batch: i
     from flair.trainers.plugins import TrainerPlugin
 
     class Timer(TrainerPlugin):
-        """First batch's end (since T0); samples and seconds of the batches after it."""
+        """First batch's end (since T0); samples, seconds and this process's CPU seconds of the batches after it."""
 
         first_batch_at: float | None = None
         last_batch_at: float | None = None
+        cpu_at_first = cpu_at_last = 0.0
         samples = 0
 
         @TrainerPlugin.hook
         def after_training_batch(self, batch, **_):
-            self.last_batch_at = time.time()
+            self.last_batch_at, self.cpu_at_last = time.time(), time.process_time()
             if self.first_batch_at is None:
-                self.first_batch_at = self.last_batch_at
+                self.first_batch_at, self.cpu_at_first = self.last_batch_at, self.cpu_at_last
             else:
                 self.samples += len(batch)
 
@@ -70,44 +87,97 @@ def timed_fine_tune(corpus, docs: int, model_path: str, base_path: str, batch: i
     )
     scores = ModelTrainer(model, corpus).fine_tune(
         base_path, max_epochs=epochs, mini_batch_size=batch, mini_batch_chunk_size=chunk, learning_rate=5e-5,
-        multi_gpu=True, plugins=[timer], save_final_model=False,
+        multi_gpu=multi_gpu, plugins=[timer], save_final_model=False,
     )
     rate = timer.samples / max(1e-9, timer.last_batch_at - timer.first_batch_at)
+    cpu_ms = 1000 * (timer.cpu_at_last - timer.cpu_at_first) / max(1, timer.samples)
     return {
         "first_batch_s": timer.first_batch_at - T0,
+        "launch_to_first_batch_s": timer.first_batch_at - launched_at,
         "samples_per_s": float(aggregate(rate, np.sum)),
+        # CPU time a rank spends per sample, every thread of it included: what the kit's own threads and
+        # per-batch agreement add, without the wall-clock noise of a shared machine
+        "cpu_ms_per_sample": float(aggregate(cpu_ms, np.mean)),
         "test_score": scores["test_score"],
     }
 
 
 KIT_PROGRAM = """
-import sys, json
+import json, sys, time
 sys.path.insert(0, {here!r})
 import flair_nbddp
 from throughput import make_corpus, timed_fine_tune
 corpus = make_corpus({docs})                       # built once, here, like in a notebook cell
 
-def main(corpus):                                  # a notebook-style function in a file-less __main__
-    return timed_fine_tune(corpus, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs})
+def main(corpus, launched_at):                     # a notebook-style function in a file-less __main__
+    return timed_fine_tune(corpus, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs}, launched_at)
 
-result = flair_nbddp.launch(main, args=(corpus,), device={device!r}, processes={processes}, dashboard=False)
+# kit-pool: workers started and warmed up before, as by `%ddp_pool start` in an earlier cell
+pool = flair_nbddp.WorkerPool({processes}, {device!r}).warm_up() if {warm} else None
+time.sleep(2.0 if {warm} else 0.0)                 # ...and this cell run a moment later
+result = flair_nbddp.launch(
+    main, args=(corpus, time.time()), device={device!r}, processes={processes}, dashboard=False, pool=pool
+)
+if pool is not None:
+    pool.close()
 print("RESULT " + json.dumps(result.value))
 """
 
 
 FLAIR_PROGRAM = """
-import json, os, sys
+import json, sys, time
 sys.path.insert(0, {here!r})
 from flair.distributed_utils import launch_distributed
-from throughput import bend_flair_launcher_for_cpu, timed_fine_tune
+from throughput import bend_flair_launcher_for_cpu, processes_for, timed_fine_tune
 
 if {device!r} == "cpu":
-    bend_flair_launcher_for_cpu({processes} or 2)      # at import: spawned ranks re-import this script
+    bend_flair_launcher_for_cpu(processes_for("cpu", {processes}))  # at import: spawned ranks re-import this script
 
 if __name__ == "__main__":                         # the script way: every rank builds its own corpus
-    value = launch_distributed(timed_fine_tune, None, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs})
+    value = launch_distributed(
+        timed_fine_tune, None, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs}, time.time()
+    )
     print("RESULT " + json.dumps(value))
 """
+
+
+ACCELERATE_PROGRAM = """
+import json, sys, time
+from pathlib import Path
+sys.path.insert(0, {here!r})
+from accelerate import notebook_launcher
+from throughput import make_corpus, processes_for, timed_fine_tune
+corpus = make_corpus({docs})                       # built once, here, like in a notebook cell
+processes = processes_for({device!r}, {processes})
+
+def main(corpus, launched_at):                     # a notebook-style function in a file-less __main__
+    import flair, torch
+    from accelerate import PartialState
+    state = PartialState(cpu={device!r} == "cpu")  # joins the process group notebook_launcher set up
+    flair.device = state.device
+    flair.set_seed(42)                             # ranks must sample flair's corpus check alike
+    if {device!r} == "cpu":                        # the CPU bend the other launchers get
+        from flair_nbddp.flair_compat import allow_cpu_ddp
+        allow_cpu_ddp()
+        flair.device = torch.device("cpu")         # PartialState says cpu:0, which DDP takes for a device id
+    figures = timed_fine_tune(corpus, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs}, launched_at,
+                              multi_gpu=state.num_processes > 1)
+    if state.is_main_process:                      # notebook_launcher returns nothing: leave rank 0's figures
+        Path({base!r}, "figures.json").write_text(json.dumps(figures))
+
+Path({base!r}, "figures.json").unlink(missing_ok=True)
+notebook_launcher(main, args=(corpus, time.time()), num_processes=processes)
+print("RESULT " + Path({base!r}, "figures.json").read_text())
+"""
+
+
+def processes_for(device: str, processes: int | None) -> int:
+    """The number of ranks each launcher starts when none is given: every GPU, or 2 CPU processes."""
+    if processes:
+        return processes
+    import torch
+
+    return torch.cuda.device_count() if device == "cuda" else 2
 
 
 def bend_flair_launcher_for_cpu(processes: int) -> None:
@@ -137,17 +207,19 @@ def run_job(args) -> dict:
     """Start the job in a fresh interpreter, with T0 set just before, and read its figures."""
     fields = dict(
         here=str(HERE), docs=args.docs, model=args.model, base=args.base, batch=args.batch, chunk=args.chunk,
-        epochs=args.epochs, device=args.device, processes=args.processes,
+        epochs=args.epochs, device=args.device, processes=args.processes, warm=args.launcher == "kit-pool",
     )
-    if args.launcher == "kit":
+    if args.launcher in ("kit", "kit-pool"):
         command = [sys.executable, "-c", KIT_PROGRAM.format(**fields)]
+    elif args.launcher == "accelerate":
+        command = [sys.executable, "-c", ACCELERATE_PROGRAM.format(**fields)]
     else:
         script = Path(args.workdir) / "flair_script.py"
         script.write_text(FLAIR_PROGRAM.format(**fields))
         command = [sys.executable, str(script)]
     env = {**os.environ, T0_ENV: repr(time.time())}
     if args.device == "cpu":  # the kit gives each CPU rank its share of the cores: so must the script
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (args.processes or 2))))
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes_for("cpu", args.processes))))
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
@@ -157,7 +229,7 @@ def run_job(args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--launcher", choices=["kit", "flair"], required=True)
+    parser.add_argument("--launcher", choices=["kit", "kit-pool", "flair", "accelerate"], required=True)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     parser.add_argument("--processes", type=int, default=None)
     parser.add_argument("--size", choices=["tiny", "distilbert"], default="distilbert")
