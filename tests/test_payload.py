@@ -33,6 +33,36 @@ print(fn(*args, **kwargs))
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
+def test_corpus_captured_in_a_closure_travels_through_the_codec(tmp_path):
+    # span labels cannot be pickled in flair 0.15.1: arriving intact means the closure's corpus took the codec
+    path = tmp_path / "payload.pkl"
+    sent = python_program(
+        f"""
+import json
+from flair_nbddp.payload import write_payload
+from flair_nbddp.synthetic import ner_corpus
+
+def make(corpus):
+    def notebook_fn():
+        return [[(span.text, span.tag) for span in sentence.get_spans("ner")] for sentence in corpus.train]
+    return notebook_fn
+
+fn = make(ner_corpus(n_train=20, n_dev=2, n_test=2, seed=4))
+write_payload({str(path)!r}, fn, (), {{}})
+print(json.dumps(fn()))
+"""
+    )
+    arrived = python_program(
+        f"""
+import json
+from flair_nbddp.payload import read_payload
+fn, args, kwargs = read_payload({str(path)!r})
+print(json.dumps(fn(*args, **kwargs)))
+"""
+    )
+    assert json.loads(arrived) == json.loads(sent) and len(json.loads(sent)) == 20
+
+
 def test_unpicklable_argument_is_named_before_anything_starts(tmp_path):
     with pytest.raises(payload.ShippingError, match=r"argument 'guard' \(lock\) cannot be sent"):
         payload.write_payload(tmp_path / "p.pkl", print, (1, 2), {"guard": threading.Lock()})
