@@ -106,6 +106,7 @@ KIT_PROGRAM = """
 import json, sys, time
 sys.path.insert(0, {here!r})
 import flair_nbddp
+from first_batch import BETWEEN_CELLS_S
 from throughput import make_corpus, timed_fine_tune
 corpus = make_corpus({docs})                       # built once, here, like in a notebook cell
 
@@ -114,7 +115,7 @@ def main(corpus, launched_at):                     # a notebook-style function i
 
 # kit-pool: workers started and warmed up before, as by `%ddp_pool start` in an earlier cell
 pool = flair_nbddp.WorkerPool({processes}, {device!r}).warm_up() if {warm} else None
-time.sleep(2.0 if {warm} else 0.0)                 # ...and this cell run a moment later
+time.sleep(BETWEEN_CELLS_S if {warm} else 0.0)    # ...and this cell run a moment later
 result = flair_nbddp.launch(
     main, args=(corpus, time.time()), device={device!r}, processes={processes}, dashboard=False, pool=pool
 )

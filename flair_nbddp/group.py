@@ -52,8 +52,7 @@ class WorkerGroup:
                 for rank in range(self.plan.world_size):
                     self._spawn(rank, listener, first_job, stay)
             except BaseException:  # e.g. an interrupt mid-way: no worker and no channel may stay behind
-                self.terminate(grace=1.0)
-                self.close_channels()
+                self.close(grace=0.0)
                 raise
         return self
 

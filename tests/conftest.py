@@ -1,5 +1,6 @@
 import os
 import sys
+import time
 
 import psutil
 import pytest
@@ -34,3 +35,11 @@ def python_program(source: str, timeout: float = 300) -> str:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done.stdout
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    """Poll ``predicate`` every 0.1 s; fail the test naming ``what`` if it is not true within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)

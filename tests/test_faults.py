@@ -14,22 +14,16 @@ import pytest
 from flair_nbddp import RunHangError, WorkerError, launch, payload
 from flair_nbddp.devices import resolve_devices
 from flair_nbddp.launcher import Run
+from conftest import wait_for
 from training_jobs import train_sentiment, train_then_return_a_generator
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
-def _wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def test_stop_ends_every_rank_after_the_same_batch_and_saves_the_model(tmp_path, tiny_model_path):
     run = Run(train_sentiment, (tiny_model_path, str(tmp_path / "out")), {}, resolve_devices()).start()
-    _wait_for(lambda: run.state.snapshot().batch >= 3, 120, "training to start")
+    wait_for(lambda: run.state.snapshot().batch >= 3, 120, "training to start")
     stopped_at = time.monotonic()
     run.stop()
     result = run.wait()
@@ -98,7 +92,7 @@ def test_second_interrupt_ends_the_workers_at_once(tmp_path, tiny_model_path):
         "flair_nbddp.launch(time.sleep, args=(600,), dashboard=False, stop_timeout=300)\n"
     )
     _read_until(program, "launching", 30)
-    _wait_for(lambda: len(_workers_of(program)) == 2, 60, "workers")
+    wait_for(lambda: len(_workers_of(program)) == 2, 60, "workers")
     workers = _workers_of(program)
     time.sleep(8)  # let them finish importing
     program.send_signal(signal.SIGINT)
@@ -113,7 +107,7 @@ def test_second_interrupt_ends_the_workers_at_once(tmp_path, tiny_model_path):
 
 def test_workers_exit_when_the_kernel_dies():
     program = _program("import time, flair_nbddp\nflair_nbddp.launch(time.sleep, args=(600,), dashboard=False)\n")
-    _wait_for(lambda: len(_workers_of(program)) == 2, 60, "workers")
+    wait_for(lambda: len(_workers_of(program)) == 2, 60, "workers")
     workers = _workers_of(program)
     time.sleep(3)
     program.kill()
@@ -170,7 +164,7 @@ def test_a_second_launch_while_one_runs_is_refused_and_the_first_continues():
 
 def test_stop_of_a_function_outside_training_ends_it_after_stop_timeout():
     run = Run(_sleep_and_report_port, (600,), {}, resolve_devices(), stop_timeout=2).start()
-    _wait_for(lambda: run.state.snapshot().status == "running", 60, "workers")
+    wait_for(lambda: run.state.snapshot().status == "running", 60, "workers")
     asked = time.monotonic()
     run.stop()
     result = run.wait()
@@ -191,7 +185,7 @@ def test_full_disk_is_reported_before_any_worker_starts(monkeypatch):
 def test_rendezvous_listens_on_loopback_only():
     run = Run(_sleep_and_report_port, (15,), {}, resolve_devices()).start()
     try:
-        _wait_for(lambda: run.state.snapshot().status == "running", 60, "workers")
+        wait_for(lambda: run.state.snapshot().status == "running", 60, "workers")
         pids = {rank.pid for rank in run.state.snapshot().ranks}
         listening = [c for c in psutil.net_connections("tcp") if c.pid in pids and c.status == psutil.CONN_LISTEN]
         assert listening, "rank 0 serves the rendezvous store"

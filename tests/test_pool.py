@@ -12,6 +12,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 from flair_nbddp import Run, WorkerError, WorkerPool
+from conftest import wait_for
 from training_jobs import train_sentiment
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
@@ -99,10 +100,7 @@ def test_training_twice_on_warm_workers_then_a_stopped_job_recycles_them(pool, t
 
     # a stopped job (Stop in the dashboard or panel) leaves its workers to be recycled
     run = Run(train_sentiment, (tiny_model_path, str(tmp_path / "c")), {"docs": 96}, pool.plan, pool=pool).start()
-    deadline = time.monotonic() + 120
-    while run.state.snapshot().batch < 2:
-        assert time.monotonic() < deadline, "training did not start"
-        time.sleep(0.1)
+    wait_for(lambda: run.state.snapshot().batch >= 2, 120, "training to start")
     run.stop()
     assert run.wait().status == "stopped"
     recycled = pool.recycled
