@@ -9,6 +9,10 @@
 * Graceful stop: once the parent asks, all ranks agree at the end of the same batch and raise flair's
   own ``TrainingInterrupt``, so flair saves ``final-model.pt`` and finishes as after Ctrl+C in a script,
   minus its final test evaluation.
+
+Nothing here makes the CPU wait for the GPU: the stop agreement runs over a gloo group on CPU tensors,
+and GPU-valued metrics (flair's gradient norm) are copied to the host asynchronously. A ``.item()`` on
+a CUDA tensor after every optimizer step would stall the next batch's preparation behind the GPU.
 """
 
 from __future__ import annotations
@@ -16,10 +20,10 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+from collections import deque
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-import flair
 import torch
 import torch.distributed as dist
 from flair.trainers.plugins import TrainerPlugin
@@ -36,26 +40,65 @@ class MissingMultiGpuError(RuntimeError):
     """``.train()``/``.fine_tune()`` was called without ``multi_gpu=True`` in a run of several processes."""
 
 
-def _all_ranks_agree_to_stop() -> bool:
-    """One tiny all-reduce per batch: stop when any rank was asked, so every rank stops at the same batch."""
+def _all_ranks_agree_to_stop(control_group: Any) -> bool:
+    """One tiny all-reduce per batch over the CPU ``control_group``: stop when any rank was asked, so every
+    rank stops at the same batch. ``None`` (a single process) decides alone."""
     wanted = STOP_REQUESTED.is_set()
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    if control_group is None:
         return wanted
-    device = flair.device if dist.get_backend() == "nccl" else torch.device("cpu")
-    flag = torch.tensor([1 if wanted else 0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    flag = torch.tensor([1 if wanted else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=control_group)
     return bool(flag.item())
+
+
+class HostScalars:
+    """Tensor-valued metrics on their way to the host, in order, without waiting for the device.
+
+    A CUDA value (one element) is copied to pinned memory with ``non_blocking=True`` and becomes ready
+    once its copy has completed (a CUDA event); any other value is ready at once.
+
+    Example:
+        >>> scalars = HostScalars()
+        >>> scalars.put("train/gradient_norm", 3, torch.tensor(2.5))
+        >>> list(scalars.ready())
+        [('train/gradient_norm', 3, 2.5)]
+    """
+
+    def __init__(self) -> None:
+        self._pending: deque[tuple[str, int, torch.Tensor, Any]] = deque()
+
+    def put(self, name: str, step: int, value: torch.Tensor) -> None:
+        value = value.detach()
+        copied = None
+        if value.is_cuda:
+            host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+            host.copy_(value, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(torch.cuda.current_stream(value.device))
+            value = host
+        self._pending.append((name, step, value, copied))
+
+    def ready(self, wait: bool = False) -> Iterator[tuple[str, int, float]]:
+        """``(name, step, value)`` of every metric whose copy is done, oldest first; all of them if ``wait``."""
+        while self._pending and (wait or self._pending[0][3] is None or self._pending[0][3].query()):
+            name, step, value, copied = self._pending.popleft()
+            if copied is not None:
+                copied.synchronize()
+            yield name, step, float(value)
 
 
 class StreamingPlugin(TrainerPlugin):
     """Streams progress and metrics (rank 0), counts throughput and handles a graceful stop (every rank).
 
-    Its only collective is the stop agreement, which every rank joins at the same point of every batch.
+    Its only collective is the stop agreement, which every rank joins at the same point of every batch,
+    over ``control_group`` (a gloo group, ``None`` for a single process).
     """
 
-    def __init__(self, sender: EventSender, rank: int, counters: TrainingCounters) -> None:
+    def __init__(self, sender: EventSender, rank: int, counters: TrainingCounters, control_group: Any) -> None:
         super().__init__()
         self._sender, self._rank, self._counters = sender, rank, counters
+        self._control_group = control_group
+        self._tensor_metrics = HostScalars()
         self._max_epochs = 0
         self._base_path = Path(".")
         self._saves_final_model = True
@@ -75,7 +118,8 @@ class StreamingPlugin(TrainerPlugin):
         self._counters.batch_done(len(batch))
         if self._rank == 0:
             self._sender.send(Progress(0, epoch, self._max_epochs, batch_no + 1, total_number_of_batches))
-        if _all_ranks_agree_to_stop():
+            self._send_tensor_metrics()
+        if _all_ranks_agree_to_stop(self._control_group):
             self._stop(epoch, batch_no + 1)
 
     def _stop(self, epoch: int, batch: int) -> None:
@@ -105,6 +149,21 @@ class StreamingPlugin(TrainerPlugin):
         )
 
     @TrainerPlugin.hook
+    def after_training_epoch(self, **_: Any) -> None:
+        if self._rank == 0:  # one wait per epoch: the epoch's last values arrive before its evaluation
+            self._send_tensor_metrics(wait=True)
+
+    @TrainerPlugin.hook
+    def _training_finally(self, **_: Any) -> None:
+        """Runs however the training loop ends, before flair's final test evaluation."""
+        if self._rank != 0:
+            return
+        try:
+            self._send_tensor_metrics(wait=True)
+        except Exception:  # noqa: BLE001 - e.g. a CUDA error: the loop's own exception is the one to report
+            logging.getLogger("flair").warning("flair_nbddp: the last batches' tensor metrics could not be read")
+
+    @TrainerPlugin.hook
     def after_training(self, **_: Any) -> None:
         if self._corpus_before_stop is not None:
             self.trainer.corpus, self._corpus_before_stop = self._corpus_before_stop, None
@@ -120,12 +179,20 @@ class StreamingPlugin(TrainerPlugin):
         # flair records an evaluation's main score as a "string" record holding a float
         values = record.value if record.is_scalar_list else [record.value]
         for index, value in enumerate(values):
-            suffix = f"/{index}" if len(values) > 1 else ""
+            name = record.joined_name + (f"/{index}" if len(values) > 1 else "")
+            if isinstance(value, torch.Tensor):  # e.g. the gradient norm: float() would wait for the GPU
+                if value.numel() == 1:
+                    self._tensor_metrics.put(name, int(record.global_step), value)
+                continue
             try:
                 number = float(value)
             except (TypeError, ValueError):
                 continue
-            self._sender.send(Metric(0, record.joined_name + suffix, number, int(record.global_step)))
+            self._sender.send(Metric(0, name, number, int(record.global_step)))
+
+    def _send_tensor_metrics(self, wait: bool = False) -> None:
+        for name, step, value in self._tensor_metrics.ready(wait):
+            self._sender.send(Metric(0, name, value, step))
 
 
 def allow_cpu_ddp() -> None:
@@ -143,7 +210,9 @@ def allow_cpu_ddp() -> None:
     trainer_module.DistributedDataParallel = distributed_data_parallel
 
 
-def instrument_trainer(sender: EventSender, rank: int, world_size: int, counters: TrainingCounters) -> None:
+def instrument_trainer(
+    sender: EventSender, rank: int, world_size: int, counters: TrainingCounters, control_group: Any
+) -> None:
     """Wrap ``ModelTrainer.train_custom`` (which ``train`` and ``fine_tune`` call) for this process."""
     from flair.trainers import ModelTrainer
 
@@ -156,7 +225,7 @@ def instrument_trainer(sender: EventSender, rank: int, world_size: int, counters
                 f"trainer.train()/fine_tune() was called without multi_gpu=True while {world_size} processes run: "
                 "each rank would train on the whole corpus on its own. Add multi_gpu=True to the call."
             )
-        plugins = [*(plugins or []), StreamingPlugin(sender, rank, counters)]
+        plugins = [*(plugins or []), StreamingPlugin(sender, rank, counters, control_group)]
         return original(self, *args, multi_gpu=multi_gpu, plugins=plugins, **kwargs)
 
     ModelTrainer.train_custom = train_custom

@@ -61,6 +61,7 @@ class _Vitals:
 
     device: Any = None
     counters: Any = None
+    control_group: Any = None  # gloo group of every rank for the per-batch stop agreement (None: one process)
     idle = False  # a pool worker waiting for its next job sends no heartbeats
 
     def __init__(self) -> None:
@@ -161,7 +162,7 @@ def _bend_flair(spec: dict, sender: EventSender, vitals: _Vitals) -> None:
 
     flair.device = vitals.device
     flair_compat.allow_cpu_ddp()
-    flair_compat.instrument_trainer(sender, spec["rank"], spec["world_size"], vitals.counters)
+    flair_compat.instrument_trainer(sender, spec["rank"], spec["world_size"], vitals.counters, vitals.control_group)
     vitals.flair_logger.remember()  # with the handlers flair's import configured
 
 
@@ -183,7 +184,6 @@ def set_up(spec: dict, sender: EventSender, vitals: _Vitals) -> None:
         torch.cuda.set_device(device)
     vitals.device, vitals.counters = device, TrainingCounters()
     vitals.flair_logger.remember()
-    _when_imported("flair", lambda: _bend_flair(spec, sender, vitals))
     # rank 0 serves the store on the loopback socket the parent bound for it
     store = dist.TCPStore(
         "127.0.0.1",
@@ -194,6 +194,9 @@ def set_up(spec: dict, sender: EventSender, vitals: _Vitals) -> None:
         master_listen_fd=spec["listen_fd"],
     )
     dist.init_process_group(spec["backend"], store=store, rank=spec["rank"], world_size=spec["world_size"])
+    if spec["world_size"] > 1:  # on CPU tensors: a collective on the GPU's group would make every batch wait for it
+        vitals.control_group = dist.new_group(backend="gloo")
+    _when_imported("flair", lambda: _bend_flair(spec, sender, vitals))
 
 
 def _check_health(world_size: int, device: Any) -> None:

@@ -51,6 +51,7 @@ print(json.dumps({{
     "predictions": [positive.get_label(label_type).value, negative.get_label(label_type).value],
     "device": str(next(result.value["model"].parameters()).device),
     "losses": [v for _, v in result.history("train/loss")],
+    "gradient_norms": result.history("train/gradient_norm"),   # a tensor in flair: reaches the host asynchronously
     "pids": [r.pid for r in result.ranks], "steps": [r.step for r in result.ranks],
     "samples": [r.samples for r in result.ranks], "logs": {{str(k): str(v) for k, v in result.log_files.items()}},
     "first_batch": result.time_to_first_batch, "sps": result.samples_per_second,
@@ -68,6 +69,10 @@ print(json.dumps({{
     assert report["first_batch"] > 0 and report["sps"] > 0
     # each rank's last word is its final count: 100 documents each, batches of 8 -> 13 steps per epoch
     assert report["steps"] == [6 * 13, 6 * 13] and report["samples"] == [6 * 100, 6 * 100]
+    # every step's gradient norm, in order, the last one included
+    steps = [step for step, _ in report["gradient_norms"]]
+    assert len(steps) == 6 * 13 and steps == sorted(set(steps))
+    assert all(norm > 0 for _, norm in report["gradient_norms"])
     # rank 0's log reached the "cell"; rank 1's did not, but its file has it
     assert "EPOCH 6 done" in cell_output and "rank 0 says goodbye" in cell_output
     assert "rank 1 says goodbye" not in cell_output
