@@ -659,8 +659,8 @@ class _Decoder:
 
         sentences = []
         offset = 0
-        for count in counts.tolist():
-            end = offset + count
+        for length in counts.tolist():
+            end = offset + length
             sentence = self._sentence_shell()
             columns = (forms[offset:end], spaces[offset:end], starts[offset:end])
             sentence.tokens = _make_tokens(self.flair.Token, sentence, *columns)

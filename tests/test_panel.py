@@ -1,7 +1,6 @@
 """The training panel: params → widgets, run bookkeeping on a fake run, a real failing run, Train/Stop in a kernel."""
 
 import queue
-import time
 from pathlib import Path
 
 import ipywidgets as widgets
