@@ -3,6 +3,10 @@
     python benchmarks/run.py --quick --json results.json          # ~10 minutes on a 2-core CPU machine
     python benchmarks/run.py --device cuda --json results.json    # the full suite, e.g. on a GPU machine
 
+    # the same suite in pieces, e.g. where one command may run only 10 minutes: each call adds its parts
+    python benchmarks/run.py --device cuda --parts throughput --json results.json
+    python benchmarks/run.py --device cuda --parts dashboard,first_batch --json results.json --update
+
 Each part runs in fresh processes (the scripts beside this one) and prints a JSON line; this script
 collects them, prints a table and writes every figure with the machine, versions and date. Ratios:
 
@@ -30,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 TARGETS = {
@@ -57,21 +62,34 @@ def script(name: str, *args: str) -> dict:
 LAUNCHERS = ("flair", "kit", "kit-pool", "accelerate")
 
 
-def throughput(device: str, size: str, docs: int, repeats: int) -> dict:
-    """Interleaved runs of the same training through each launcher; medians and the ratios between them."""
-    runs: dict[str, list[dict]] = {launcher: [] for launcher in LAUNCHERS}
+def throughput(
+    device: str, size: str, docs: int, repeats: int, launchers: list[str], figures: dict, save: Callable[[], None]
+) -> None:
+    """Interleaved rounds of the same training through ``launchers``, added to the runs already in ``figures``.
+
+    Every other round runs the launchers in reverse order: no launcher always runs first, so an effect
+    of the order cannot pass for a difference between launchers. Medians and ratios are taken over
+    every run recorded (so ``--update`` adds rounds), and ``save`` is called after each run: a suite
+    cut short keeps the rounds it finished.
+    """
+    runs: dict[str, list[dict]] = {launcher: [] for launcher in LAUNCHERS} | figures.get("throughput_runs", {})
     common = ["--device", device, "--size", size, "--docs", str(docs), "--batch", "32"]
     for _ in range(repeats):
-        for launcher in LAUNCHERS:
+        rounds = figures.get("throughput_rounds", 0)  # an earlier --update call's rounds included
+        figures["throughput_rounds"] = rounds + 1
+        for launcher in launchers[::-1] if rounds % 2 else launchers:
             runs[launcher].append(script("throughput", "--launcher", launcher, *common))
-    figures: dict = {"throughput_runs": runs}
-    for launcher, measured in runs.items():
-        name = launcher.replace("-", "_")
-        for figure in ("samples_per_s", "first_batch_s", "launch_to_first_batch_s", "cpu_ms_per_sample"):
-            figures[f"{name}_{figure}"] = statistics.median(run[figure] for run in measured)
-    figures["kit_vs_flair_throughput"] = figures["kit_samples_per_s"] / figures["flair_samples_per_s"]
-    figures["kit_vs_accelerate_throughput"] = figures["kit_samples_per_s"] / figures["accelerate_samples_per_s"]
-    return figures
+            figures["throughput_runs"] = runs
+            for name, measured in runs.items():
+                for figure in ("samples_per_s", "first_batch_s", "launch_to_first_batch_s", "cpu_ms_per_sample"):
+                    if measured:
+                        figures[f"{name.replace('-', '_')}_{figure}"] = statistics.median(r[figure] for r in measured)
+            for other in ("flair", "accelerate"):
+                if runs["kit"] and runs[other]:
+                    figures[f"kit_vs_{other}_throughput"] = (
+                        figures["kit_samples_per_s"] / figures[f"{other}_samples_per_s"]
+                    )
+            save()
 
 
 def versions() -> dict:
@@ -95,43 +113,115 @@ def versions() -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small sizes: ~10 minutes on a 2-core CPU machine")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--json", default=None, help="also write every figure to this file")
-    args = parser.parse_args()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ["FLAIR_NBDDP_DEVICE"] = args.device
-    size = "distilbert" if args.device == "cuda" else "tiny"
-    quick = args.quick
-    figures: dict = {"quick": quick, "device": args.device, **versions()}
-    figures |= throughput(args.device, size, docs=800 if quick else 4000, repeats=3)
-    figures |= script("dashboard_cost", "--docs", "600" if quick else "2000", "--epochs", "2", "--repeats", "2")
-    shipping = script("corpus_shipping", "--docs", "5000" if quick else "50000")
-    figures |= {"corpus_shipping": shipping, **shipping["ratios"]}
-    figures |= script("first_batch", "--device", args.device, "--size", size, "--docs", "400" if quick else "2000")
+PARTS = ("throughput", "dashboard", "shipping", "first_batch")
 
-    print(f"\nflair_nbddp benchmarks ({'quick, ' if quick else ''}{args.device}; {figures['date']})")
+
+def names_list(known: tuple[str, ...], option: str) -> Callable[[str], list[str]]:
+    """A parser for ``--<option> a,b``: the names in the order given; unknown names are an error listing them."""
+
+    def parse(text: str) -> list[str]:
+        names = [name.strip() for name in text.split(",") if name.strip()]
+        unknown = sorted(set(names) - set(known))
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"unknown {option} {unknown or text!r}: choose from {','.join(known)}")
+        return list(dict.fromkeys(names))
+
+    return parse
+
+
+def run_part(part: str, args: argparse.Namespace, figures: dict, save: Callable[[], None]) -> None:
+    """One part of the suite, at the quick or the full sizes, its figures added to ``figures``."""
+    size = "distilbert" if args.device == "cuda" else "tiny"
+    if part == "throughput":
+        docs = 800 if args.quick else 4000
+        throughput(args.device, size, docs, args.repeats, args.launchers, figures, save)
+    elif part == "dashboard":
+        figures |= script("dashboard_cost", "--docs", "600" if args.quick else "2000", "--epochs", "2",
+                          "--repeats", "2")
+    elif part == "shipping":
+        shipping = script("corpus_shipping", "--docs", "5000" if args.quick else "50000")
+        figures |= {"corpus_shipping": shipping, **shipping["ratios"]}
+    else:
+        figures |= script("first_batch", "--device", args.device, "--size", size,
+                          "--docs", "400" if args.quick else "2000")
+
+
+def start_figures(args: argparse.Namespace) -> dict:
+    """The figures this run adds to: those of ``--json FILE`` with ``--update`` (same device and sizes), else none."""
+    if not args.update:
+        return {}
+    if not args.json or not Path(args.json).exists():
+        sys.exit(f"--update adds to the figures of an existing --json file: {args.json!r} does not exist; "
+                 "run once without --update first")
+    earlier = json.loads(Path(args.json).read_text())
+    if (earlier.get("device"), earlier.get("quick")) != (args.device, args.quick):
+        sys.exit(f"--update: {args.json} holds a {'quick ' if earlier.get('quick') else ''}{earlier.get('device')} "
+                 f"run, not a {'quick ' if args.quick else ''}{args.device} one; give another --json file")
+    return earlier
+
+
+def report(figures: dict) -> None:
+    """The ratios against their targets and a table per launcher, for the parts that have run."""
+    quick = figures["quick"]
+    print(f"\nflair_nbddp benchmarks ({'quick, ' if quick else ''}{figures['device']}; {figures['date']})")
     for name, (direction, target) in TARGETS.items():
+        if name not in figures:
+            print(f"  {name:<30} {'-':>8}   not run (--parts)")
+            continue
         if quick and name == "kit_vs_flair_throughput":
             target = 0.95
         value = figures[name]
         met = value >= target if direction == ">=" else value <= target
         print(f"  {name:<30} {value:8.3f}   target {direction} {target:<5} {'met' if met else 'MISSED'}")
-    print(f"  {'kit_vs_accelerate_throughput':<30} {figures['kit_vs_accelerate_throughput']:8.3f}")
-    print(f"\n  {'launcher':<12} {'samples/s':>10} {'CPU ms/sample':>14} {'first batch after start':>24}"
-          f" {'after the launch call':>22}")
-    for launcher in LAUNCHERS:
-        name = launcher.replace("-", "_")
-        print(f"  {launcher:<12} {figures[name + '_samples_per_s']:10.1f} {figures[name + '_cpu_ms_per_sample']:14.2f}"
-              f" {figures[name + '_first_batch_s']:22.1f} s {figures[name + '_launch_to_first_batch_s']:20.1f} s")
+    if "kit_vs_accelerate_throughput" in figures:
+        print(f"  {'kit_vs_accelerate_throughput':<30} {figures['kit_vs_accelerate_throughput']:8.3f}")
+    measured = [launcher for launcher in LAUNCHERS if figures.get("throughput_runs", {}).get(launcher)]
+    if measured:
+        print(f"\n  {'launcher':<12} {'runs':>4} {'samples/s':>10} {'CPU ms/sample':>14}"
+              f" {'first batch after start':>24} {'after the launch call':>22}")
+    for launcher in measured:
+        name, runs = launcher.replace("-", "_"), len(figures["throughput_runs"][launcher])
+        print(f"  {launcher:<12} {runs:>4} {figures[name + '_samples_per_s']:10.1f}"
+              f" {figures[name + '_cpu_ms_per_sample']:14.2f} {figures[name + '_first_batch_s']:22.1f} s"
+              f" {figures[name + '_launch_to_first_batch_s']:20.1f} s")
     print()
     for name in ("dashboard_on_samples_per_s", "dashboard_off_samples_per_s", "size_ratio_vs_cloudpickle",
                  "cold_first_batch_s", "warm_first_batch_s", "trivial_job_cold_s", "trivial_job_warm_s"):
-        print(f"  {name:<30} {figures[name]:8.3f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+        if name in figures:
+            print(f"  {name:<30} {figures[name]:8.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes: ~10 minutes on a 2-core CPU machine")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--json", default=None, help="also write every figure to this file (after each part)")
+    parser.add_argument("--parts", type=names_list(PARTS, "parts"), default=list(PARTS),
+                        help=f"comma-separated parts to run (default: all of {','.join(PARTS)})")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the throughput part (3)")
+    parser.add_argument("--launchers", type=names_list(LAUNCHERS, "launchers"), default=list(LAUNCHERS),
+                        help=f"the throughput part's launchers (default: all of {','.join(LAUNCHERS)})")
+    parser.add_argument("--update", action="store_true",
+                        help="add this run's parts (and throughput rounds) to --json FILE's figures, not replace them")
+    args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: the throughput part needs at least 1 round")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ["FLAIR_NBDDP_DEVICE"] = args.device
+    machine = versions()
+    figures: dict = start_figures(args) | {"quick": args.quick, "device": args.device, **machine}
+    figures.setdefault("calls", []).append({"argv": sys.argv[1:], **machine})  # each call's own machine and date
+
+    def save() -> None:  # after each part and each throughput run: a suite cut short keeps what it measured
+        if args.json:
+            Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+
+    for part in args.parts:
+        run_part(part, args, figures, save)
+        figures.setdefault("parts_run", {})[part] = datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec="seconds")
+        save()
+    report(figures)
 
 
 if __name__ == "__main__":
