@@ -36,6 +36,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from throughput import LAUNCHERS  # this script's folder is on sys.path: it runs as a script
+
 HERE = Path(__file__).resolve().parent
 TARGETS = {
     "kit_vs_flair_throughput": (">=", 0.98),
@@ -59,7 +61,17 @@ def script(name: str, *args: str) -> dict:
     return figures
 
 
-LAUNCHERS = ("flair", "kit", "kit-pool", "accelerate")
+def summarize_throughput(runs: dict[str, list[dict]]) -> dict:
+    """Each launcher's medians over its runs, and the kit's ratios to flair's script and to accelerate."""
+    figures = {
+        f"{launcher.replace('-', '_')}_{figure}": statistics.median(run[figure] for run in measured)
+        for launcher, measured in runs.items() if measured
+        for figure in ("samples_per_s", "first_batch_s", "launch_to_first_batch_s", "cpu_ms_per_sample")
+    }
+    for other in ("flair", "accelerate"):
+        if runs["kit"] and runs[other]:
+            figures[f"kit_vs_{other}_throughput"] = figures["kit_samples_per_s"] / figures[f"{other}_samples_per_s"]
+    return figures
 
 
 def throughput(
@@ -79,16 +91,7 @@ def throughput(
         figures["throughput_rounds"] = rounds + 1
         for launcher in launchers[::-1] if rounds % 2 else launchers:
             runs[launcher].append(script("throughput", "--launcher", launcher, *common))
-            figures["throughput_runs"] = runs
-            for name, measured in runs.items():
-                for figure in ("samples_per_s", "first_batch_s", "launch_to_first_batch_s", "cpu_ms_per_sample"):
-                    if measured:
-                        figures[f"{name.replace('-', '_')}_{figure}"] = statistics.median(r[figure] for r in measured)
-            for other in ("flair", "accelerate"):
-                if runs["kit"] and runs[other]:
-                    figures[f"kit_vs_{other}_throughput"] = (
-                        figures["kit_samples_per_s"] / figures[f"{other}_samples_per_s"]
-                    )
+            figures |= {"throughput_runs": runs, **summarize_throughput(runs)}
             save()
 
 
@@ -166,7 +169,7 @@ def report(figures: dict) -> None:
     print(f"\nflair_nbddp benchmarks ({'quick, ' if quick else ''}{figures['device']}; {figures['date']})")
     for name, (direction, target) in TARGETS.items():
         if name not in figures:
-            print(f"  {name:<30} {'-':>8}   not run (--parts)")
+            print(f"  {name:<30} {'-':>8}   not measured (--parts, --launchers)")
             continue
         if quick and name == "kit_vs_flair_throughput":
             target = 0.95

@@ -34,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+LAUNCHERS = ("flair", "kit", "kit-pool", "accelerate")
 T0_ENV = "FLAIR_NBDDP_BENCH_T0"
 T0 = float(os.environ.get(T0_ENV) or time.time())
 HERE = Path(__file__).resolve().parent
@@ -230,7 +231,7 @@ def run_job(args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--launcher", choices=["kit", "kit-pool", "flair", "accelerate"], required=True)
+    parser.add_argument("--launcher", choices=LAUNCHERS, required=True)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     parser.add_argument("--processes", type=int, default=None)
     parser.add_argument("--size", choices=["tiny", "distilbert"], default="distilbert")

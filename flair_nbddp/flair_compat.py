@@ -150,14 +150,11 @@ class StreamingPlugin(TrainerPlugin):
 
     @TrainerPlugin.hook
     def after_training_epoch(self, **_: Any) -> None:
-        if self._rank == 0:  # one wait per epoch: the epoch's last values arrive before its evaluation
-            self._send_tensor_metrics(wait=True)
+        self._send_tensor_metrics(wait=True)  # one wait per epoch: its last values arrive before its evaluation
 
     @TrainerPlugin.hook
     def _training_finally(self, **_: Any) -> None:
         """Runs however the training loop ends, before flair's final test evaluation."""
-        if self._rank != 0:
-            return
         try:
             self._send_tensor_metrics(wait=True)
         except Exception:  # noqa: BLE001 - e.g. a CUDA error: the loop's own exception is the one to report
@@ -191,6 +188,7 @@ class StreamingPlugin(TrainerPlugin):
             self._sender.send(Metric(0, name, number, int(record.global_step)))
 
     def _send_tensor_metrics(self, wait: bool = False) -> None:
+        """Send the tensor metrics whose values reached the host (only rank 0 records any)."""
         for name, step, value in self._tensor_metrics.ready(wait):
             self._sender.send(Metric(0, name, value, step))
 
