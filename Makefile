@@ -1,6 +1,7 @@
 # The two set-up commands of the README. Each creates .venv/ on first use.
 #   make demo   - the main job: train a text classifier on every device (CPU processes without a GPU)
 #   make test   - the test suite (what CI runs through .ci/run)
+# and for the inner loop: make test-fast - the fast tier (no processes, kernels or browser) and the doctests
 VENV        := .venv
 PY          := $(VENV)/bin/python
 # torch first and pinned: on this project's machines it is a CPU build already on disk; on a GPU machine
@@ -8,7 +9,7 @@ PY          := $(VENV)/bin/python
 TORCH_SPEC  ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: demo test venv
+.PHONY: demo test test-fast venv
 
 venv: $(VENV)/.installed
 
@@ -24,3 +25,6 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest -q
+
+test-fast: venv
+	$(PY) -m pytest -q -m "not process and not kernel and not browser"

@@ -17,6 +17,8 @@ collects them, prints a table and writes every figure with the machine, versions
 * ``pack_speedup_vs_cloudpickle``: cloudpickle's time to pack a generated corpus / the codec's (>= 10);
 * ``warm_vs_cold_first_batch``: time to the first batch on a warm pool / a cold launch (<= 0.2).
 
+The ``warm_start`` part takes a warm pool's path to the first batch apart (pack, unpack, the rest).
+
 The throughput part also runs the job through HF accelerate's ``notebook_launcher`` and on a warm
 ``WorkerPool`` (``kit_vs_accelerate_throughput``; samples/s and time to the first batch, from the start of
 the program and from the launch call, for every launcher).
@@ -116,7 +118,7 @@ def versions() -> dict:
     }
 
 
-PARTS = ("throughput", "dashboard", "shipping", "first_batch")
+PARTS = ("throughput", "dashboard", "shipping", "first_batch", "warm_start")
 
 
 def names_list(known: tuple[str, ...], option: str) -> Callable[[str], list[str]]:
@@ -144,9 +146,12 @@ def run_part(part: str, args: argparse.Namespace, figures: dict, save: Callable[
     elif part == "shipping":
         shipping = script("corpus_shipping", "--docs", "5000" if args.quick else "50000")
         figures |= {"corpus_shipping": shipping, **shipping["ratios"]}
-    else:
+    elif part == "first_batch":
         figures |= script("first_batch", "--device", args.device, "--size", size,
                           "--docs", "400" if args.quick else "2000")
+    else:
+        figures["warm_start"] = script("warm_start", "--device", args.device, "--size", size,
+                                       "--docs", "2000" if args.quick else "4000")
 
 
 def start_figures(args: argparse.Namespace) -> dict:
@@ -192,6 +197,10 @@ def report(figures: dict) -> None:
                  "cold_first_batch_s", "warm_first_batch_s", "trivial_job_cold_s", "trivial_job_warm_s"):
         if name in figures:
             print(f"  {name:<30} {figures[name]:8.3f}")
+    if "warm_start" in figures:
+        warm = figures["warm_start"]
+        print(f"  warm start ({warm['docs']} docs): {warm['warm_first_batch_s']:.2f} s to the first batch = pack "
+              f"{warm['pack_s']:.2f} + unpack {warm['unpack_s']:.2f} + the rest {warm['rest_s']:.2f} s")
 
 
 def main() -> None:

@@ -1,26 +1,55 @@
 """flair_nbddp: train Flair models on every GPU of one machine, from a Jupyter notebook.
 
-Example:
-    >>> from flair_nbddp import launch_distributed, launch   # doctest: +SKIP
-    >>> scores = launch_distributed(train, corpus)            # doctest: +SKIP
+Example::
+
+    from flair_nbddp import launch_distributed
+    scores = launch_distributed(train, corpus)        # train: a function defined in a notebook cell
 """
 
 from typing import Any
 
-from .errors import RunHangError, RunTimeoutError, WorkerError
-from .launcher import Run, launch, launch_distributed, runs
+from .api import launch, launch_distributed, start
+from .errors import (
+    ConfigurationError,
+    CorpusMismatchError,
+    DashboardUnavailableError,
+    DeviceError,
+    FlairNbddpError,
+    NotCallableError,
+    PayloadWriteError,
+    PoolClosedError,
+    RunActiveError,
+    RunError,
+    RunHangError,
+    RunStateError,
+    RunTimeoutError,
+    ShippingError,
+    StillRunningError,
+    WorkerError,
+)
 from .panel import TrainingPanel
-from .payload import CorpusMismatchError, ShippingError
 from .pool import WorkerPool
 from .result import RunResult
+from .run import Run, runs
 
 __all__ = [
+    "ConfigurationError",
     "CorpusMismatchError",
+    "DashboardUnavailableError",
+    "DeviceError",
+    "FlairNbddpError",
+    "NotCallableError",
+    "PayloadWriteError",
+    "PoolClosedError",
     "Run",
+    "RunActiveError",
+    "RunError",
     "RunHangError",
     "RunResult",
+    "RunStateError",
     "RunTimeoutError",
     "ShippingError",
+    "StillRunningError",
     "TrainingPanel",
     "WorkerError",
     "WorkerPool",
@@ -28,6 +57,7 @@ __all__ = [
     "launch_distributed",
     "load_ipython_extension",
     "runs",
+    "start",
 ]
 __version__ = "0.1.0"
 

@@ -27,12 +27,13 @@ distinct text, which saves each worker a lot of memory.
 Errors: ``supports()`` checks the shape of an object cheaply (its class, that its datasets are in memory
 and hold sentences or pairs of sentences). What only encoding finds (a label pointing into another
 sentence, a label subclass, a non-integer ``whitespace_after``, an attribute pickle cannot store...)
-raises a ``TypeError`` that names the object and says it goes by cloudpickle instead; callers catch it:
+raises an ``UnsupportedContentError`` (a ``TypeError``) that names the object and says it goes by
+cloudpickle instead; callers catch it::
 
-    >>> try:                                                   # doctest: +SKIP
-    ...     data = encode(corpus) if supports(corpus) else None
-    ... except TypeError:
-    ...     data = None                                        # ship the corpus by cloudpickle
+    try:
+        data = encode(corpus) if supports(corpus) else None
+    except TypeError:
+        data = None                                        # ship the corpus by cloudpickle
 
 Limits: attributes that user code adds to a token with no labels, metadata or head id are not kept
 (looking for them on every token would cost more than the rest of the encoding); values in the pickled
@@ -66,6 +67,8 @@ from typing import Any, Callable, Iterator
 
 import cloudpickle
 import numpy as np
+
+from .errors import ConfigurationError, UnsupportedContentError
 
 __all__ = ["decode", "encode", "fingerprint", "supports"]
 
@@ -127,7 +130,8 @@ def encode(obj: Any) -> bytes:
     """Encode a supported object (see :func:`supports`) to compact, deterministic bytes.
 
     Raises:
-        TypeError: when something inside ``obj`` cannot be encoded; ship ``obj`` by cloudpickle instead.
+        UnsupportedContentError: (a ``TypeError``) when something inside ``obj`` cannot be encoded; ship
+            ``obj`` by cloudpickle instead.
 
     Example:
         >>> from flair.data import Sentence
@@ -233,8 +237,8 @@ def _describe(obj: Any) -> str:
     return f"{type(obj).__name__} {text[:80] + '...' if len(text) > 80 else text}"
 
 
-def _unsupported(obj: Any, why: str) -> TypeError:
-    return TypeError(
+def _unsupported(obj: Any, why: str) -> UnsupportedContentError:
+    return UnsupportedContentError(
         f"flair_nbddp.codec cannot encode {_describe(obj)}: {why}; it will be shipped by cloudpickle instead"
     )
 
@@ -606,7 +610,7 @@ class _Decoder:
 
     def __init__(self, data: bytes) -> None:
         if not data.startswith(_MAGIC):
-            raise ValueError("these bytes were not written by flair_nbddp.codec.encode")
+            raise ConfigurationError("these bytes were not written by flair_nbddp.codec.encode")
         (length,) = _LENGTH.unpack_from(data, len(_MAGIC))
         offset = len(_MAGIC) + _LENGTH.size
         self.header = json.loads(data[offset : offset + length])

@@ -4,7 +4,7 @@
 
     view = open_view(run)            # Dashboard in a Jupyter kernel, TextView elsewhere
     view.start()                     # the dashboard displays itself in the current cell
-    result = run.wait(echo=view.echo_logs, on_tick=view.poll)
+    result = run.wait(on_tick=view.poll)
     view.finish(result, result.error)
 
 The module has two halves. The rendering functions (``*_html``, ``*_text``, ``*_line``) are pure: a
@@ -22,14 +22,12 @@ import sys
 import threading
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
-from .errors import WorkerError
+from .errors import DashboardUnavailableError, WorkerError
+from .result import RunResult
+from .run import Run
 from .state import MetricPoint, Snapshot
-
-if TYPE_CHECKING:
-    from .launcher import Run
-    from .result import RunResult
 
 Series = dict[str, list[tuple[int, float]]]
 Problem = tuple[str, str]  # a failure's headline and details; ("", "") for none
@@ -432,13 +430,7 @@ def progress_line(snapshot: Snapshot) -> str:
 
 # -- views ----------------------------------------------------------------------------------------
 class RunView:
-    """What :func:`~flair_nbddp.launch` drives: ``start`` before waiting, ``poll`` while waiting, ``finish`` after.
-
-    Attributes:
-        echo_logs: True if the caller should print rank 0's log lines itself (the view does not show them).
-    """
-
-    echo_logs: bool = True
+    """What :func:`~flair_nbddp.launch` drives: ``start`` before waiting, ``poll`` while waiting, ``finish`` after."""
 
     def start(self) -> None:
         """Show the view; call on the cell's (main) thread."""
@@ -451,25 +443,34 @@ class RunView:
 
 
 class NullView(RunView):
-    """Shows nothing (``launch(..., dashboard=False)``); the caller still prints rank 0's log lines."""
+    """Shows rank 0's log lines and nothing else (``launch(..., dashboard=False)``), printed on the main thread."""
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+        self._log_cursor = 0
+
+    def poll(self) -> None:
+        """Print rank 0's lines that arrived since the last poll."""
+        lines, self._log_cursor = self._run.state.log_since(self._log_cursor)
+        for line in lines:
+            print(line, flush=True)
 
 
-class TextView(RunView):
+class TextView(NullView):
     """Plain progress lines for scripts and terminals, printed on the main thread.
 
     A line at the start (processes, device, backend, run directory), a progress line when an epoch
     begins or ``interval`` seconds after the last one, and a summary line at the end.
 
-    Example:
-        >>> view = TextView(run)                                         # doctest: +SKIP
-        >>> view.start()                                                 # doctest: +SKIP
-        flair_nbddp: 2 × cpu processes (gloo), logs in /tmp/flair_nbddp-0/run-1a2b
+    Example::
+
+        view = TextView(run)
+        view.start()  # flair_nbddp: 2 × cpu processes (gloo), logs in /tmp/flair_nbddp-0/run-1a2b
     """
 
-    echo_logs = True
-
     def __init__(self, run: Run, interval: float = TEXT_PROGRESS_INTERVAL) -> None:
-        self._run, self._interval = run, interval
+        super().__init__(run)
+        self._interval = interval
         self._seen_version = -1
         self._printed_epoch = 0
         self._printed_at = -math.inf
@@ -484,7 +485,9 @@ class TextView(RunView):
         )
 
     def poll(self) -> None:
-        """Print a progress line when a new epoch began or ``interval`` seconds passed since the last one."""
+        """Print rank 0's new lines, and a progress line when a new epoch began or ``interval`` seconds passed
+        since the last one."""
+        super().poll()
         state = self._run.state
         if state.version == self._seen_version:
             return
@@ -520,17 +523,17 @@ class Dashboard(RunView):
     ``log``, ``outcome``; ``widget`` is the root), with CSS classes ``nbddp-dashboard``, ``nbddp-status``,
     ``nbddp-progress``, ``nbddp-log`` and ``nbddp-outcome`` (shown once finished).
 
-    Example:
-        >>> view = Dashboard(run)        # doctest: +SKIP
-        >>> view.start()                 # doctest: +SKIP
-    """
+    Example::
 
-    echo_logs = False
+        view = Dashboard(run)
+        view.start()                     # shows it in this cell; or view.follow() where it is shown elsewhere
+    """
 
     def __init__(self, run: Run, interval: float = REDRAW_INTERVAL) -> None:
         import ipywidgets as widgets
 
         self._run, self._interval = run, interval
+        self._on_redraw: Callable[[Snapshot], None] | None = None
         self._drawn_version = -1
         self._drawn_at = -math.inf
         self._final_status: str | None = None
@@ -595,7 +598,10 @@ class Dashboard(RunView):
             return False
         # the version is read before the snapshot: a change in between only causes one more redraw
         self._drawn_version, self._drawn_at = version, now
-        self._draw(self._snapshot())
+        snapshot = self._snapshot()
+        self._draw(snapshot)
+        if self._on_redraw is not None:
+            self._on_redraw(snapshot)
         return True
 
     def _update_loop(self) -> None:
@@ -620,6 +626,15 @@ class Dashboard(RunView):
         from IPython.display import display
 
         self._handle = display(self, display_id=True)
+        self.follow()
+
+    def follow(self, on_redraw: Callable[[Snapshot], None] | None = None) -> None:
+        """Start the updater thread without displaying the dashboard (it is shown inside another widget).
+
+        ``on_redraw`` is called with the drawn snapshot after each redraw, on the updater thread: whatever
+        else shows the run (a panel's status line) redraws with the dashboard, never more often.
+        """
+        self._on_redraw = on_redraw
         self._thread = threading.Thread(target=self._update_loop, name="flair_nbddp-dashboard", daemon=True)
         self._thread.start()
 
@@ -657,19 +672,19 @@ def open_view(run: Run, dashboard: bool | None = None) -> RunView:
             :class:`TextView`; True: the Dashboard, or an error outside a kernel; False: a :class:`NullView`.
 
     Raises:
-        RuntimeError: ``dashboard=True`` outside a Jupyter kernel, or without ipywidgets.
+        DashboardUnavailableError: ``dashboard=True`` outside a Jupyter kernel, or without ipywidgets.
 
-    Example:
-        >>> view = open_view(run)                     # doctest: +SKIP
-        >>> type(view).__name__                       # in a notebook    # doctest: +SKIP
-        'Dashboard'
+    Example::
+
+        view = open_view(run)
+        type(view).__name__                       # in a notebook  # 'Dashboard'
     """
     if dashboard is False:
-        return NullView()
+        return NullView(run)
     if widgets_usable():
         return Dashboard(run)
     if dashboard:
-        raise RuntimeError(
+        raise DashboardUnavailableError(
             "dashboard=True needs a Jupyter kernel with ipywidgets installed; here there is none. "
             "Use dashboard=None for plain progress lines, or dashboard=False for rank 0's log only."
         )

@@ -3,10 +3,11 @@
 ``python -m flair_nbddp demo`` runs it offline on a generated corpus and a tiny transformer; ``--real``
 switches to IMDB and ``distilbert-base-uncased`` (downloads both; for users online, ideally on GPUs).
 
-Example:
-    >>> from flair_nbddp.demo import train_classifier          # doctest: +SKIP
-    >>> launch_distributed(train_classifier, corpus, model_path, base_path="out")  # doctest: +SKIP
-    {'test_score': 0.9, 'model': TextClassifier(...)}
+Example::
+
+    from flair_nbddp.demo import train_classifier
+    launch_distributed(train_classifier, corpus, model_path, base_path="out")
+    # {'test_score': 0.9, 'model': TextClassifier(...)}
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def run_demo(
 
     Returns the :class:`~flair_nbddp.RunResult`.
     """
-    from . import launch
+    # here, not at the top: the workers import this module for train_classifier, and need no launcher
+    from .api import launch
     from .synthetic import sentiment_corpus, tiny_transformer
 
     workdir = Path(workdir or tempfile.mkdtemp(prefix="flair_nbddp-demo-"))

@@ -12,6 +12,8 @@ import os
 import socket
 from dataclasses import dataclass
 
+from .errors import DeviceError
+
 DEVICE_ENV = "FLAIR_NBDDP_DEVICE"
 PROCESSES_ENV = "FLAIR_NBDDP_PROCESSES"
 DEFAULT_CPU_PROCESSES = 2
@@ -31,6 +33,18 @@ class DevicePlan:
     device_type: str
     world_size: int
     backend: str
+
+    def mismatch(self, processes: int | None, device: str | None) -> str | None:
+        """Why a run asking for ``processes``/``device`` cannot use this plan's workers (None: it can, or
+        it left them out).
+
+        Example:
+            >>> DevicePlan("cpu", 2, "gloo").mismatch(4, None)
+            '2 × cpu, not 4 × cpu'
+        """
+        have = (self.world_size, self.device_type)
+        wanted = (processes or have[0], device or have[1])
+        return None if wanted == have else f"{have[0]} × {have[1]}, not {wanted[0]} × {wanted[1]}"
 
     def device_for(self, rank: int) -> str:
         """The torch device string of ``rank``: ``"cuda:<rank>"`` or ``"cpu"``."""
@@ -68,7 +82,7 @@ def visible_gpu_count() -> int:
 def _env_device() -> str | None:
     value = os.environ.get(DEVICE_ENV, "").strip().lower()
     if value and value not in DEVICE_TYPES:
-        raise ValueError(f"{DEVICE_ENV}={value!r} is not understood: set it to 'cpu' or 'cuda', or unset it.")
+        raise DeviceError(f"{DEVICE_ENV}={value!r} is not understood: set it to 'cpu' or 'cuda', or unset it.")
     return value or None
 
 
@@ -77,7 +91,7 @@ def _env_processes() -> int | None:
     if not value:
         return None
     if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{PROCESSES_ENV}={value!r} is not a positive integer: set it to e.g. 2, or unset it.")
+        raise DeviceError(f"{PROCESSES_ENV}={value!r} is not a positive integer: set it to e.g. 2, or unset it.")
     return int(value)
 
 
@@ -89,36 +103,36 @@ def resolve_devices(device: str | None = None, processes: int | None = None) -> 
     2 CPU processes with gloo.
 
     Raises:
-        ValueError: for a device other than cpu/cuda, a non-positive process count, CUDA without GPUs,
-            or more CUDA processes than GPUs.
+        DeviceError: (a ``ValueError``) for a device other than cpu/cuda, a non-positive process count, CUDA
+            without GPUs, or more CUDA processes than GPUs.
     """
     if device is not None:
         device = str(device).strip().lower()
         if device.startswith("cuda:"):
-            raise ValueError(
+            raise DeviceError(
                 f"device={device!r} names one GPU; a run uses one process per GPU. Pass device='cuda' and "
                 "choose GPUs with CUDA_VISIBLE_DEVICES, or processes=N for the first N."
             )
         if device not in DEVICE_TYPES:
-            raise ValueError(f"device={device!r} is not supported: use 'cuda', 'cpu' or None (automatic).")
+            raise DeviceError(f"device={device!r} is not supported: use 'cuda', 'cpu' or None (automatic).")
     device = device or _env_device()
     if processes is None:
         processes = _env_processes()
     elif isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
-        raise ValueError(f"processes={processes!r} must be a positive integer (or None for every device).")
+        raise DeviceError(f"processes={processes!r} must be a positive integer (or None for every device).")
 
     gpus = visible_gpu_count()
     if device is None:
         device = "cuda" if gpus else "cpu"
     if device == "cuda":
         if gpus == 0:
-            raise ValueError(
+            raise DeviceError(
                 "device='cuda' was asked for, but torch sees no GPU (torch.cuda.is_available() is False). "
                 "Use device='cpu' to rehearse on CPU processes, or check CUDA_VISIBLE_DEVICES and the driver."
             )
         processes = processes or gpus
         if processes > gpus:
-            raise ValueError(
+            raise DeviceError(
                 f"processes={processes} but only {gpus} GPU(s) are visible: NCCL needs one GPU per process. "
                 f"Use processes<={gpus}, or device='cpu' for CPU processes."
             )

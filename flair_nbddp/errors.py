@@ -1,4 +1,19 @@
-"""Exceptions a run raises in the notebook."""
+"""Every exception the kit raises: one family under :class:`FlairNbddpError`.
+
+Each class also derives from the builtin exception callers would expect (``ShippingError`` is a
+``TypeError``, ``ConfigurationError`` a ``ValueError``...), so ``except ValueError`` keeps working. The
+magics report a mistake in their options or cell as IPython's own ``UsageError``: IPython shows only that
+exact class as one line without a traceback.
+
+Example:
+    >>> issubclass(ShippingError, TypeError) and issubclass(ShippingError, FlairNbddpError)
+    True
+    >>> try:
+    ...     raise WorkerError(1, "ValueError", "bad label", "Traceback ...", log_path="/tmp/rank1.log")
+    ... except FlairNbddpError as error:
+    ...     error.rank
+    1
+"""
 
 from __future__ import annotations
 
@@ -18,7 +33,79 @@ def describe_exit(exit_code: int | None) -> str:
     return f"exited with code {exit_code}"
 
 
-class WorkerError(RuntimeError):
+class FlairNbddpError(Exception):
+    """Base of every exception flair_nbddp raises."""
+
+
+# -- before anything runs: the input ----------------------------------------------------------------
+class ConfigurationError(FlairNbddpError, ValueError):
+    """An option, argument or environment variable that cannot work; the message names it and the fix."""
+
+
+class DeviceError(ConfigurationError):
+    """Impossible devices or process counts, or ones a warm pool does not have."""
+
+
+class NotCallableError(FlairNbddpError, TypeError):
+    """The function to run on every rank is not callable."""
+
+
+class ShippingError(FlairNbddpError, TypeError):
+    """Something the run needs cannot be sent to the workers (or back); the message names it."""
+
+
+class UnsupportedContentError(FlairNbddpError, TypeError):
+    """The corpus codec cannot keep this object exactly; it travels by cloudpickle instead."""
+
+
+class PayloadWriteError(FlairNbddpError, OSError):
+    """The run's payload could not be written (e.g. the disk is full); nothing was started."""
+
+
+class DashboardUnavailableError(FlairNbddpError, RuntimeError):
+    """``dashboard=True`` where no Jupyter kernel with ipywidgets can show it."""
+
+
+# -- runs and pools in the wrong state ------------------------------------------------------------
+class RunActiveError(FlairNbddpError, RuntimeError):
+    """Another run of this kernel is still active: runs share the devices, so one runs at a time."""
+
+
+class RunStateError(FlairNbddpError, RuntimeError):
+    """A :class:`~flair_nbddp.Run` was asked for something its state does not allow (e.g. ``wait`` before ``start``)."""
+
+
+class StillRunningError(FlairNbddpError, TimeoutError):
+    """A ``wait(timeout=...)`` gave up; the run goes on."""
+
+
+class PoolClosedError(FlairNbddpError, RuntimeError):
+    """The :class:`~flair_nbddp.WorkerPool` was closed; start a new one."""
+
+
+# -- inside the workers ---------------------------------------------------------------------------
+class CorpusMismatchError(FlairNbddpError, RuntimeError):
+    """The corpus bytes a worker read differ from the ones the notebook packed."""
+
+
+class MissingMultiGpuError(FlairNbddpError, RuntimeError):
+    """``.train()``/``.fine_tune()`` was called without ``multi_gpu=True`` in a run of several processes."""
+
+
+class HealthCheckError(FlairNbddpError, RuntimeError):
+    """The all-reduce every job starts with did not add up: the process group is broken."""
+
+
+# -- a run that failed ----------------------------------------------------------------------------
+class RunError(FlairNbddpError):
+    """A run failed on its workers. In IPython the cell shows this message alone (the remote traceback and
+    the log path it holds), not the kit's own frames that waited for the workers."""
+
+    def _render_traceback_(self) -> list[str]:
+        return f"{type(self).__name__}: {self}".splitlines()
+
+
+class WorkerError(RunError, RuntimeError):
     """A worker rank failed; the run was ended on every rank.
 
     Attributes:
@@ -27,13 +114,17 @@ class WorkerError(RuntimeError):
         remote_traceback: the traceback formatted in the worker.
         exit_code: the process's exit status (negative: killed by that signal).
         log_path: the rank's full output.
+        result: the failed run's :class:`~flair_nbddp.RunResult` (logs, metrics), once the run has ended.
 
     Example:
-        >>> try:
-        ...     raise WorkerError(1, "ValueError", "bad label", "Traceback ...", log_path="/tmp/rank1.log")
-        ... except WorkerError as error:
-        ...     error.rank
-        1
+        >>> error = WorkerError(1, "ValueError", "bad label", "Traceback ...", log_path="/tmp/rank1.log")
+        >>> print("\\n".join(error._render_traceback_()))
+        WorkerError: rank 1 failed: ValueError: bad label
+        <BLANKLINE>
+        --- traceback on rank 1 ---
+        Traceback ...
+        <BLANKLINE>
+        full output of rank 1: /tmp/rank1.log
     """
 
     def __init__(
@@ -56,12 +147,13 @@ class WorkerError(RuntimeError):
         super().__init__(text)
 
     def __reduce__(self):
-        return type(self), (self.rank, self.exc_type, self.message, self.remote_traceback, self.exit_code, self.log_path)
+        fields = (self.rank, self.exc_type, self.message, self.remote_traceback, self.exit_code, self.log_path)
+        return type(self), fields
 
 
-class RunTimeoutError(TimeoutError):
+class RunTimeoutError(RunError, TimeoutError):
     """The run took longer than its ``timeout``; every worker was ended."""
 
 
-class RunHangError(RuntimeError):
+class RunHangError(RunError, RuntimeError):
     """No rank made progress for ``hang_timeout`` seconds; the message holds every rank's Python stack."""

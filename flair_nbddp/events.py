@@ -1,13 +1,15 @@
-"""Typed events that workers send to the parent, and the channel they travel on.
+"""The messages between the parent and its workers, and the channel they travel on.
 
 Each worker holds one end of a private socket pair created by the parent (no listening port, no
-other process can connect). Events are small dataclasses; anything large (the result) goes to a
-file in the run directory and only its path travels here.
+other process can connect). Down it go requests: the worker's :class:`WorkerSpec` first, then each
+:class:`Job`, :data:`STOP` and :data:`EXIT`. Up it come events: small dataclasses; anything large (the
+result) goes to a file in the run directory and only its path travels here.
 
 Example:
     >>> import socket
+    >>> from multiprocessing.connection import Connection
     >>> a, b = socket.socketpair()
-    >>> sender, receiver = EventSender.from_fd(a.detach()), open_receiver(b.detach())
+    >>> sender, receiver = EventSender(Connection(a.detach())), Connection(b.detach())
     >>> sender.send(Metric(rank=0, name="train/loss", value=0.5, step=1))
     >>> receiver.recv().value
     0.5
@@ -23,6 +25,32 @@ from multiprocessing.connection import Connection
 
 def _now() -> float:
     return time.time()
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker process needs to join its group: the first message it receives."""
+
+    rank: int
+    world_size: int
+    device: str  # "cuda:<i>" or "cpu"
+    backend: str  # "nccl" or "gloo"
+    port: int  # the rendezvous store's loopback port
+    listen_fd: int | None  # rank 0: the inherited listening socket its store serves on
+    rendezvous_timeout: float
+    stacks: str  # where SIGUSR1 dumps every thread's stack
+    sys_path: tuple[str, ...]  # the parent's import path, so notebook-local modules import
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run for a group of workers: its packed call, where rank 0 puts the result, the seed, and the run
+    directory each rank writes its output to (``rank<r>.log``) while the job runs."""
+
+    payload: str
+    result: str
+    seed: int
+    run_dir: str
 
 
 @dataclass(frozen=True)
@@ -96,7 +124,7 @@ class Failed(Event):
 
 @dataclass(frozen=True)
 class Finished(Event):
-    """A rank returned from the function and left its process group."""
+    """A rank is done with the job (rank 0's result is written); it waits for the next job or EXIT."""
 
 
 STOP = "stop"  # the parent's request, sent down the same channel: stop gracefully at the next batch
@@ -111,10 +139,6 @@ class EventSender:
         self._connection = connection
         self._lock = threading.Lock()
 
-    @classmethod
-    def from_fd(cls, fd: int) -> EventSender:
-        return cls(Connection(fd))
-
     @property
     def connection(self) -> Connection:
         return self._connection
@@ -122,8 +146,3 @@ class EventSender:
     def send(self, event: Event) -> None:
         with self._lock:
             self._connection.send(event)
-
-
-def open_receiver(fd: int) -> Connection:
-    """The parent's end of a worker's channel, usable with ``multiprocessing.connection.wait``."""
-    return Connection(fd)

@@ -30,14 +30,11 @@ from flair.trainers.plugins import TrainerPlugin
 from flair.trainers.plugins.base import TrainingInterrupt
 from flair.trainers.plugins.metric_records import MetricRecord
 
-from .events import STOP_REQUESTED, EventSender, Metric, Progress, Stopped
 from .counters import TrainingCounters
+from .errors import MissingMultiGpuError
+from .events import STOP_REQUESTED, EventSender, Metric, Progress, Stopped
 
 SAVED_MODELS: list[Path] = []  # model files flair wrote during the current job, newest last
-
-
-class MissingMultiGpuError(RuntimeError):
-    """``.train()``/``.fine_tune()`` was called without ``multi_gpu=True`` in a run of several processes."""
 
 
 def _all_ranks_agree_to_stop(control_group: Any) -> bool:

@@ -1,19 +1,21 @@
-"""The worker processes themselves: starting them, talking to them, ending them.
+"""The worker processes of this machine: starting them, talking to them, ending them.
 
-A :class:`WorkerGroup` is one ``python -m flair_nbddp.worker`` per rank, each in its own session (a
-kernel interrupt reaches only the kernel), with a private socket pair to the parent, its output in
-``rank<r>.log``, and rank 0 serving the rendezvous store on a loopback socket the parent bound. A
-group runs one job and exits (a cold launch), or stays up for many (a :class:`~flair_nbddp.WorkerPool`).
+A :class:`WorkerGroup` is one worker process (:func:`flair_nbddp.worker.main`) per rank, each in its own session (a
+kernel interrupt reaches only the kernel), with a private socket pair to the parent, its start-up output
+in ``rank<r>.log`` of the directory it started in, and rank 0 serving the rendezvous store on a loopback
+socket the parent bound. Every message, the worker's spec included, travels over the socket pair; the
+workers take jobs until they are told to exit.
 
-Example:
-    >>> group = WorkerGroup(resolve_devices("cpu", 2), run_dir).start(first_job)   # doctest: +SKIP
-    >>> group.close()                                                             # doctest: +SKIP
+Example::
+
+    group = WorkerGroup(resolve_devices("cpu", 2), RunDir.create()).start()
+    group.submit(job)
+    group.close()
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -26,63 +28,62 @@ from pathlib import Path
 from typing import Any
 
 from .devices import DevicePlan, rendezvous_socket
-from .events import EXIT
+from .events import EXIT, Job, WorkerSpec
+from .rundir import RunDir
 
 TERMINATE_GRACE_SECONDS = 3.0
 RENDEZVOUS_TIMEOUT_SECONDS = 600
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+# not `python -m`, which puts the working directory first: a folder named flair_nbddp there (a checkout of
+# another version) would give the workers another kit than the notebook's
+_WORKER_COMMAND = f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); from flair_nbddp.worker import main; main()"
 
 
 class WorkerGroup:
-    """One worker process per rank of ``plan``, logging into ``run_dir``."""
+    """One worker process per rank of ``plan``; their start-up output and stack dumps go to ``home``."""
 
-    def __init__(self, plan: DevicePlan, run_dir: Path) -> None:
-        self.plan, self.run_dir = plan, Path(run_dir)
-        self.log_files = {rank: self.run_dir / f"rank{rank}.log" for rank in range(plan.world_size)}
-        self.stack_files = {rank: self.run_dir / f"stacks-rank{rank}.txt" for rank in range(plan.world_size)}
+    def __init__(self, plan: DevicePlan, home: RunDir) -> None:
+        self.plan, self.home = plan, home
         self.processes: list[subprocess.Popen] = []
         self.connections: list[Connection] = []
         self._terminate_lock = threading.Lock()
         self.terminating = False
 
-    def start(self, first_job: dict[str, Any], stay: bool) -> WorkerGroup:
-        """Start every rank with ``first_job``; with ``stay`` the workers then wait for more jobs."""
+    def start(self) -> WorkerGroup:
+        """Start every rank; each waits for its first job (on which it joins the process group)."""
         with rendezvous_socket() as listener:
             try:
                 for rank in range(self.plan.world_size):
-                    self._spawn(rank, listener, first_job, stay)
+                    self._spawn(rank, listener)
             except BaseException:  # e.g. an interrupt mid-way: no worker and no channel may stay behind
                 self.close(grace=0.0)
                 raise
         return self
 
-    def _spawn(self, rank: int, listener: socket.socket, first_job: dict[str, Any], stay: bool) -> None:
+    def _spawn(self, rank: int, listener: socket.socket) -> None:
         port = listener.getsockname()[1]
         env = {**os.environ, **self.plan.rank_environment(rank, port)}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
+        spec = WorkerSpec(
+            rank=rank,
+            world_size=self.plan.world_size,
+            device=self.plan.device_for(rank),
+            backend=self.plan.backend,
+            port=port,
+            listen_fd=listener.fileno() if rank == 0 else None,
+            rendezvous_timeout=RENDEZVOUS_TIMEOUT_SECONDS,
+            stacks=str(self.home.stacks(rank)),
+            sys_path=tuple(entry for entry in sys.path if entry),
+        )
         # from here on every descriptor is accounted for, even if an interrupt lands between two lines
         parent_end, child_end = socket.socketpair()
         try:
-            spec = {
-                "rank": rank,
-                "world_size": self.plan.world_size,
-                "device": self.plan.device_for(rank),
-                "backend": self.plan.backend,
-                "port": port,
-                "listen_fd": listener.fileno() if rank == 0 else None,
-                "rendezvous_timeout": RENDEZVOUS_TIMEOUT_SECONDS,
-                "stacks": str(self.stack_files[rank]),
-                "sys_path": [entry for entry in sys.path if entry],
-                "fd": child_end.fileno(),
-                "stay": stay,
-                "job": first_job,
-            }
-            log_fd = os.open(self.log_files[rank], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            log_fd = os.open(self.home.log(rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
                 self.processes.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "flair_nbddp.worker"],
-                        stdin=subprocess.PIPE,
+                        [sys.executable, "-c", _WORKER_COMMAND, str(child_end.fileno())],
+                        stdin=subprocess.DEVNULL,
                         stdout=log_fd,
                         stderr=subprocess.STDOUT,
                         env=env,
@@ -98,10 +99,13 @@ class WorkerGroup:
             raise
         finally:
             child_end.close()
-        with self.processes[-1].stdin as stdin:
-            stdin.write(json.dumps(spec).encode())
+        self.connections[-1].send(spec)
 
     # -- talking ----------------------------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        """Hand ``job`` to every rank."""
+        self.send_all(job)
+
     def send_all(self, message: Any) -> None:
         """Send ``message`` down every live rank's channel."""
         for connection in self.connections:
@@ -112,6 +116,12 @@ class WorkerGroup:
         """Ranks whose process has exited, with their exit codes."""
         return {rank: code for rank, p in enumerate(self.processes) if (code := p.poll()) is not None}
 
+    def wait_exit(self, rank: int, timeout: float) -> int | None:
+        """Rank ``rank``'s exit code once its process has exited, waiting up to ``timeout`` s (None: still alive)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return self.processes[rank].wait(timeout=timeout)
+        return None
+
     def collect_stacks(self) -> dict[int, str]:
         """Every rank's Python stacks (faulthandler on ``SIGUSR1``), read back from their stacks files."""
         for process in self.processes:
@@ -119,9 +129,9 @@ class WorkerGroup:
                 process.send_signal(signal.SIGUSR1)
         time.sleep(1.0)
         stacks = {}
-        for rank, path in self.stack_files.items():
+        for rank in range(self.plan.world_size):
             with contextlib.suppress(FileNotFoundError):
-                stacks[rank] = path.read_text()
+                stacks[rank] = self.home.stacks(rank).read_text()
         return stacks
 
     # -- ending -----------------------------------------------------------------------------------
@@ -163,16 +173,8 @@ class WorkerGroup:
             try:
                 self.terminate(grace=1.0)
             finally:
-                self.close_channels()
-
-    def close_channels(self) -> None:
-        """Close the parent's end of every rank's channel (and stdin pipe not yet closed)."""
-        for connection in self.connections:
-            connection.close()
-        for process in self.processes:
-            if process.stdin is not None and not process.stdin.closed:
-                with contextlib.suppress(OSError):
-                    process.stdin.close()
+                for connection in self.connections:
+                    connection.close()
 
     @property
     def alive(self) -> bool:

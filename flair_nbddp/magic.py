@@ -21,12 +21,17 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from . import __version__
+from .api import launch
 from .cell import execute_cell, names_to_ship
 from .devices import resolve_devices, visible_gpu_count
-from .launcher import launch, runs
-from .payload import ShippingError, describe_unpicklable
+from .errors import ConfigurationError, DeviceError, ShippingError
+from .payload import describe_unpicklable
 from .pool import WorkerPool, current_pool, set_current_pool
+from .run import runs
 
+# A magic reports a mistake in its options or cell as IPython's own UsageError, the one exception outside the
+# kit's FlairNbddpError family: IPython shows it as a single line only when `etype is UsageError`, not for a
+# subclass (InteractiveShell.showtraceback).
 
 def _check_names(cell: str, namespace: dict) -> dict:
     shipped, missing = names_to_ship(cell, namespace)
@@ -73,11 +78,6 @@ class DdpMagics(Magics):
             raise UsageError(f"--out {options.out!r} is not a valid variable name")
         shipped = _check_names(cell, self.shell.user_ns)
         pool = current_pool()
-        mismatch = pool and pool.mismatch(options.processes, options.device)
-        if mismatch:
-            raise UsageError(
-                f"{mismatch}; drop --processes/--device to use it, or '%ddp_pool stop' first to launch cold workers"
-            )
         try:
             result = launch(
                 execute_cell,
@@ -91,7 +91,7 @@ class DdpMagics(Magics):
             )
         except ShippingError as error:
             raise UsageError(_unshippable(shipped) or str(error)) from None
-        except ValueError as error:  # impossible devices or process counts
+        except ConfigurationError as error:  # impossible devices or process counts, or not the pool's
             raise UsageError(str(error)) from None
         if options.out:
             self.shell.user_ns[options.out] = result.value
@@ -111,7 +111,7 @@ class DdpMagics(Magics):
                 raise UsageError(f"a pool is already started ({pool.status()}); '%ddp_pool stop' ends it")
             try:
                 pool = WorkerPool(options.processes, options.device)
-            except ValueError as error:
+            except ConfigurationError as error:
                 raise UsageError(str(error)) from None
             pool.warm_up()
             set_current_pool(pool)
@@ -139,7 +139,7 @@ class DdpMagics(Magics):
         try:
             plan = resolve_devices()
             lines.append(f"a run would use: {plan.world_size} × {plan.device_type} ({plan.backend})")
-        except ValueError as error:
+        except DeviceError as error:
             lines.append(f"a run would fail: {error}")
         lines.append(
             f"versions: flair_nbddp {__version__}, flair {flair.__version__}, torch {torch.__version__}, "
@@ -151,7 +151,7 @@ class DdpMagics(Magics):
         lines.append(f"runs in this kernel: {len(history)}")
         for number, run in enumerate(history, 1):
             snapshot = run.state.snapshot()
-            name = getattr(run.fn, "__name__", type(run.fn).__name__)
+            name = run.name
             lines.append(
                 f"  {number}. {name}: {snapshot.status}, {run.plan.world_size} × {run.plan.device_type}, "
                 f"{snapshot.elapsed:.1f} s, logs {run.run_dir}"

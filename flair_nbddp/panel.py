@@ -1,14 +1,16 @@
 """A widget panel that trains by clicking: a form of hyperparameters, Train and Stop, the live dashboard below.
 
-The panel never blocks the notebook: Train starts a :class:`~flair_nbddp.launcher.Run` and a background
-thread waits for it, so the cell returns at once and the kernel stays free to receive the Stop click.
-That thread only sets widget values (it never prints: output from a thread lands in whichever cell
-happens to run). The module has two halves, like :mod:`~flair_nbddp.dashboard`: pure functions that turn
-``params`` into widgets and records into HTML, and the :class:`TrainingPanel` that wires them to runs.
+The panel never blocks the notebook: Train starts a :class:`~flair_nbddp.Run` (through
+:func:`flair_nbddp.start`) and a background thread waits for it, so the cell returns at once and the kernel
+stays free to receive the Stop click. That thread only sets widget values (it never prints: output from a
+thread lands in whichever cell happens to run). The module has two halves, like
+:mod:`~flair_nbddp.dashboard`: pure functions that turn ``params`` into widgets and records into HTML, and
+the :class:`TrainingPanel` that wires them to runs.
 
-Example:
-    >>> panel = TrainingPanel(train, corpus=corpus, params={"learning_rate": 5e-3})   # doctest: +SKIP
-    >>> panel                                                                          # doctest: +SKIP
+Example::
+
+    panel = TrainingPanel(train, corpus=corpus, params={"learning_rate": 5e-3})
+    panel
 """
 
 from __future__ import annotations
@@ -19,14 +21,13 @@ import math
 import numbers
 import os
 import threading
-import time
 import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from .api import start
 from .dashboard import (
     NO_PROBLEM,
-    REDRAW_INTERVAL,
     STATUS_COLORS,
     Dashboard,
     Problem,
@@ -35,13 +36,14 @@ from .dashboard import (
     progress_text,
 )
 from .devices import DevicePlan, resolve_devices, visible_gpu_count
-from .launcher import DEFAULT_HANG_TIMEOUT, DEFAULT_STOP_TIMEOUT, Run
+from .errors import ConfigurationError, NotCallableError, RunActiveError
 from .pool import WorkerPool, current_pool
+from .result import RunResult
+from .run import DEFAULT_HANG_TIMEOUT, DEFAULT_STOP_TIMEOUT, Run, wait_for_end
+from .state import Snapshot
 
 if TYPE_CHECKING:
     import ipywidgets
-
-    from .result import RunResult
 
 SCORE_METRICS = ("dev/score", "train/loss")  # read from result.final_metrics into a run's scores
 MAX_CPU_CHOICES = 8
@@ -96,14 +98,16 @@ def _range_parts(name: str, spec: tuple, middle: Callable[[float, float], float]
     value = rest[0] if rest else middle(low, high)
     step = rest[1] if len(rest) > 1 else None
     if not low < high:
-        raise ValueError(f"params[{name!r}]={spec!r}: a range needs min < max (it is (min, max[, value[, step]]))")
+        raise ConfigurationError(
+            f"params[{name!r}]={spec!r}: a range needs min < max (it is (min, max[, value[, step]]))"
+        )
     if not low <= value <= high:
-        raise ValueError(
+        raise ConfigurationError(
             f"params[{name!r}]={spec!r}: the value {value} is outside [{low}, {high}]. A tuple of numbers is a "
             f"range (min, max[, value[, step]]); for a dropdown of numbers use a list, e.g. {list(spec)!r}"
         )
     if step is not None and not step > 0:
-        raise ValueError(f"params[{name!r}]={spec!r}: the step must be positive")
+        raise ConfigurationError(f"params[{name!r}]={spec!r}: the step must be positive")
     return low, high, value, step
 
 
@@ -130,12 +134,14 @@ def _log_slider(name: str, spec: Any) -> ipywidgets.ValueWidget:
 
     if _is_number(spec):
         if not spec > 0:
-            raise ValueError(f"params[{name!r}]={spec!r}: a learning rate must be positive (it gets a log scale)")
+            raise ConfigurationError(
+                f"params[{name!r}]={spec!r}: a learning rate must be positive (it gets a log scale)"
+            )
         decade = math.floor(math.log10(spec))
         low, high, value = decade - LOG_SLIDER_DECADES, decade + LOG_SLIDER_DECADES, spec
     else:
         if len(spec) > 3 or not spec[0] > 0:
-            raise ValueError(
+            raise ConfigurationError(
                 f"params[{name!r}]={spec!r}: a learning-rate range is (min, max[, value]) with min > 0 (log scale)"
             )
         geometric_mean = lambda low, high: math.sqrt(low * high)  # noqa: E731
@@ -160,7 +166,7 @@ def param_widget(name: str, spec: Any) -> ipywidgets.ValueWidget:
     """The widget for one entry of ``params`` (the rules are in :class:`TrainingPanel`'s docstring).
 
     Raises:
-        ValueError: ``spec`` makes no widget (the message names the param and says what would).
+        ConfigurationError: ``spec`` makes no widget (the message names the param and says what would).
 
     Example:
         >>> type(param_widget("max_epochs", (1, 10, 4))).__name__, type(param_widget("lr", 5e-3)).__name__
@@ -174,7 +180,7 @@ def param_widget(name: str, spec: Any) -> ipywidgets.ValueWidget:
         return widgets.Checkbox(value=spec, description=name)
     if isinstance(spec, list) or (isinstance(spec, tuple) and spec and not _is_range(spec)):
         if not spec:
-            raise ValueError(f"params[{name!r}]: an empty list of choices")
+            raise ConfigurationError(f"params[{name!r}]: an empty list of choices")
         return widgets.Dropdown(options=list(spec), description=name)
     if is_learning_rate(name) and (_is_number(spec) or _is_range(spec)):
         return _log_slider(name, spec)
@@ -184,7 +190,7 @@ def param_widget(name: str, spec: Any) -> ipywidgets.ValueWidget:
         return _number_box(name, spec)
     if isinstance(spec, str):
         return widgets.Text(value=spec, description=name)
-    raise ValueError(
+    raise ConfigurationError(
         f"params[{name!r}]={spec!r}: cannot make a widget of a {type(spec).__name__}. Give a number, a bool, a "
         "string, a range (min, max[, value[, step]]), a list of choices, or an ipywidgets widget."
     )
@@ -194,7 +200,7 @@ def build_form(params: Mapping[str, Any]) -> dict[str, ipywidgets.ValueWidget]:
     """One widget per param, in order, their labels as wide as the longest name.
 
     Raises:
-        ValueError: a name is not a valid keyword argument, or a spec makes no widget.
+        ConfigurationError: a name is not a valid keyword argument, or a spec makes no widget.
 
     Example:
         >>> form = build_form({"max_epochs": (1, 10, 4), "shuffle": True})
@@ -203,7 +209,7 @@ def build_form(params: Mapping[str, Any]) -> dict[str, ipywidgets.ValueWidget]:
     """
     for name in params:
         if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"params key {name!r} is not a valid keyword argument name")
+            raise ConfigurationError(f"params key {name!r} is not a valid keyword argument name")
     form = {name: param_widget(name, spec) for name, spec in params.items()}
     for name, control in form.items():
         if control is not params[name]:  # a widget the user built keeps its own look
@@ -216,14 +222,14 @@ def check_call(fn: Callable, with_corpus: bool, names: list[str]) -> None:
     """Check that ``fn`` accepts the keyword arguments ``names`` (after the corpus, if any).
 
     Raises:
-        ValueError: it does not (the message names the argument that does not fit).
+        ConfigurationError: it does not (the message names the argument that does not fit).
 
     Example:
         >>> def train(corpus, max_epochs=4): ...
         >>> check_call(train, True, ["max_epochs", "shuffle"])  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: the panel's call ... does not fit ...: got an unexpected keyword argument 'shuffle'
+        flair_nbddp.errors.ConfigurationError: the panel's call ... got an unexpected keyword argument 'shuffle'
     """
     try:
         signature = inspect.signature(fn)
@@ -233,7 +239,7 @@ def check_call(fn: Callable, with_corpus: bool, names: list[str]) -> None:
         signature.bind(*((None,) if with_corpus else ()), **dict.fromkeys(names))
     except TypeError as error:
         call = f"{_name(fn)}({'corpus, ' if with_corpus else ''}**fixed, **params)"
-        raise ValueError(f"the panel's call {call} does not fit {_name(fn)}{signature}: {error}") from None
+        raise ConfigurationError(f"the panel's call {call} does not fit {_name(fn)}{signature}: {error}") from None
 
 
 def device_choices(gpus: int, cpus: int) -> list[tuple[str, tuple[str, int]]]:
@@ -418,25 +424,27 @@ class TrainingPanel:
         seed, timeout, stop_timeout, hang_timeout: passed to every :class:`~flair_nbddp.Run`.
 
     Raises:
-        ValueError: a param makes no widget, or ``fn`` would not accept the arguments (named in the message).
+        ConfigurationError: (a ``ValueError``) a param makes no widget, or ``fn`` would not accept the
+            arguments (named in the message).
 
     The widgets are attributes: ``widget`` (the root, CSS class ``nbddp-panel``), ``controls`` (one per
     param), ``devices``, ``train_button`` (``nbddp-train``), ``stop_button`` (``nbddp-stop``), ``status``
     (``nbddp-panel-status``), ``message`` (``nbddp-panel-error``: errors, in red), ``history``
     (``nbddp-history``) and ``dashboard`` (the current run's :class:`~flair_nbddp.dashboard.Dashboard`).
 
-    Example:
-        >>> from flair_nbddp import TrainingPanel                                   # doctest: +SKIP
-        >>> from flair_nbddp.demo import train_classifier                           # doctest: +SKIP
-        >>> panel = TrainingPanel(                                                  # doctest: +SKIP
-        ...     train_classifier,
-        ...     corpus=corpus,
-        ...     params={"learning_rate": 5e-3, "max_epochs": (1, 10, 4), "mini_batch_size": [8, 16, 32]},
-        ...     fixed={"model_path": model_path, "base_path": "out", "return_model": False},
-        ... )
-        >>> panel                   # the last expression of a cell shows it (or panel.display())  # doctest: +SKIP
-        >>> panel.runs[-1].scores   # after a run: the numbers its row of the table shows         # doctest: +SKIP
-        {'test_score': 0.87, 'dev/score': 0.9, 'train/loss': 0.21}
+    Example::
+
+        from flair_nbddp import TrainingPanel
+        from flair_nbddp.demo import train_classifier
+        panel = TrainingPanel(
+            train_classifier,
+            corpus=corpus,
+            params={"learning_rate": 5e-3, "max_epochs": (1, 10, 4), "mini_batch_size": [8, 16, 32]},
+            fixed={"model_path": model_path, "base_path": "out", "return_model": False},
+        )
+        panel                   # the last expression of a cell shows it (or panel.display())
+        panel.runs[-1].scores   # after a run: the numbers its row of the table shows
+        # {'test_score': 0.87, 'dev/score': 0.9, 'train/loss': 0.21}
     """
 
     def __init__(
@@ -454,7 +462,7 @@ class TrainingPanel:
         hang_timeout: float | None = DEFAULT_HANG_TIMEOUT,
     ) -> None:
         if not callable(fn):
-            raise TypeError(f"fn must be callable (the training function), not {type(fn).__name__}")
+            raise NotCallableError(f"fn must be callable (the training function), not {type(fn).__name__}")
         self.fn, self.corpus, self.fixed = fn, corpus, dict(fixed or {})
         self.run_options = dict(seed=seed, timeout=timeout, stop_timeout=stop_timeout, hang_timeout=hang_timeout)
         self.controls = build_form(dict(params or {}))
@@ -472,7 +480,9 @@ class TrainingPanel:
         given = set(self.fixed) | ({"corpus"} if self.corpus is not None else set())
         clash = sorted(set(self.controls) & given)
         if clash:
-            raise ValueError(f"params {clash} are also given in fixed (or as the corpus): give each argument once")
+            raise ConfigurationError(
+                f"params {clash} are also given in fixed (or as the corpus): give each argument once"
+            )
         check_call(self.fn, self.corpus is not None, [*self.fixed, *self.controls])
 
     def _build_widgets(self) -> None:
@@ -542,13 +552,13 @@ class TrainingPanel:
         """What Train does: start a run with the form's values and return it at once (it runs in the background).
 
         Raises:
-            RuntimeError: a run is active (this panel's or another in this kernel).
-            ValueError, ShippingError: impossible devices, or ``fn``/an argument that cannot be shipped.
+            RunActiveError: a run is active (this panel's or another in this kernel).
+            DeviceError, ShippingError: impossible devices, or ``fn``/an argument that cannot be shipped.
             Each is also shown in the panel's red message area.
         """
         try:
             if self.active:
-                raise RuntimeError("this panel's run is still active: Stop it, or wait for it to end")
+                raise RunActiveError("this panel's run is still active: Stop it, or wait for it to end")
             return self._start()
         except Exception as error:
             self._show_problem(describe_problem(error))
@@ -565,25 +575,16 @@ class TrainingPanel:
     def wait(self, timeout: float | None = None) -> RunResult | None:
         """Block until the current run has ended and is recorded; returns :attr:`result`.
 
-        For code, and notebooks run top to bottom (a cell that waits cannot receive clicks). A kernel
-        interrupt while waiting stops the run gracefully; a second one stops waiting (the stop goes on).
+        For code, and notebooks run top to bottom (a cell that waits cannot receive clicks). Interrupts work as
+        for :func:`~flair_nbddp.launch` (the same :func:`~flair_nbddp.run.wait_for_end`): the first stops the
+        run gracefully, a second ends its workers at once.
 
         Raises:
-            TimeoutError: the run did not end within ``timeout`` seconds (it goes on).
+            StillRunningError: (a ``TimeoutError``) the run did not end within ``timeout`` seconds (it goes on).
         """
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
-        stopping = False
-        while True:
-            try:
-                if self._done.wait(0.1):
-                    return self.result
-            except KeyboardInterrupt:
-                if stopping:
-                    raise
-                stopping = True
-                self.stop()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"run {len(self.runs)} did not end within {timeout} s; it goes on")
+        if self.run is not None:
+            wait_for_end(self.run, self._done, timeout)
+        return self.result
 
     def display(self) -> None:
         """Show the panel in the current cell (as does ending a cell with it)."""
@@ -615,11 +616,13 @@ class TrainingPanel:
     def _start(self) -> Run:
         chosen, pool = self.values, current_pool()
         self._sync_devices()
-        plan = pool.plan if pool is not None else resolve_devices(*self.devices.value)
+        device, processes = self.devices.value
         args = () if self.corpus is None else (self.corpus,)
-        run = Run(self.fn, args, {**self.fixed, **chosen}, plan, pool=pool, **self.run_options).start()
+        run = start(
+            self.fn, args, {**self.fixed, **chosen}, device=device, processes=processes, pool=pool, **self.run_options
+        )
         self.run, self._done = run, threading.Event()
-        record = PanelRun(len(self.runs) + 1, chosen, plan_label(plan))
+        record = PanelRun(len(self.runs) + 1, chosen, plan_label(run.plan))
         self.runs.append(record)
         self.dashboard = dashboard = Dashboard(run)
         self.dashboard_box.children = (dashboard.widget,)
@@ -627,6 +630,7 @@ class TrainingPanel:
         self._lock(True)
         self.history.value = history_html(self.runs)
         self.status.value = panel_status_html("starting", f"run {record.number}")
+        dashboard.follow(on_redraw=lambda snapshot: self._show_progress(record, snapshot))
         watcher = threading.Thread(
             target=self._watch, args=(run, record, dashboard, self._done), name="flair_nbddp-panel", daemon=True
         )
@@ -634,9 +638,9 @@ class TrainingPanel:
         return run
 
     def _watch(self, run: Run, record: PanelRun, dashboard: Dashboard, done: threading.Event) -> None:
-        """The background thread of one run: follow it, then record its end and unlock the form."""
+        """The background thread of one run: wait for it, then record its end and unlock the form."""
         try:
-            result = run.wait(on_tick=self._follower(run, record, dashboard))
+            result = run.wait()
             dashboard.finish(result, result.error)
             record.status, record.elapsed, record.scores = result.status, result.elapsed, run_scores(result)
             record.result, record.error = result, result.error
@@ -652,21 +656,11 @@ class TrainingPanel:
             self._lock(False)
             done.set()
 
-    def _follower(self, run: Run, record: PanelRun, dashboard: Dashboard) -> Callable[[], None]:
-        """``on_tick`` for ``run.wait``: redraw the dashboard and the status at most every REDRAW_INTERVAL."""
-        drawn_at = -math.inf
-
-        def tick() -> None:
-            nonlocal drawn_at
-            now = time.monotonic()
-            if now - drawn_at < REDRAW_INTERVAL or not dashboard.refresh():
-                return
-            drawn_at = now
-            snapshot = run.state.snapshot()
+    def _show_progress(self, record: PanelRun, snapshot: Snapshot) -> None:
+        """The status line of a running run, redrawn with its dashboard."""
+        if snapshot.ended_at is None:
             detail = "stopping after this batch" if snapshot.stop_requested else progress_text(snapshot)
             self.status.value = panel_status_html(snapshot.status, f"run {record.number} · {detail}")
-
-        return tick
 
     # -- showing ----------------------------------------------------------------------------------
     def _lock(self, locked: bool) -> None:

@@ -1,25 +1,31 @@
 """Warm workers: a pool whose processes stay up across cells, with imports done and the process group up.
 
 A cold launch pays a new interpreter, ``import torch, flair``, the device context and the process group
-on every rank (seconds on CPU, ~30 s to the first batch on an H200 machine). A pool pays that once.
+on every rank (seconds on CPU, ~30 s to the first batch on an H200 machine). A pool pays that once. It is
+a :class:`~flair_nbddp.sources.WorkerSource` like cold workers: every run on it is an ordinary run, with
+its own run directory and logs.
 
-Example:
-    >>> from flair_nbddp import WorkerPool
-    >>> with WorkerPool(processes=2, device="cpu") as pool:          # doctest: +SKIP
-    ...     first = pool.launch_distributed(train, corpus, lr=1e-3)
-    ...     second = pool.launch_distributed(train, corpus, lr=3e-3)  # starts at once
+Example::
+
+    from flair_nbddp import WorkerPool
+    with WorkerPool(processes=2, device="cpu") as pool:
+        first = pool.launch_distributed(train, corpus, lr=1e-3)
+        second = pool.launch_distributed(train, corpus, lr=3e-3)  # starts at once
 """
 
 from __future__ import annotations
 
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from . import api
 from .devices import DevicePlan, resolve_devices
+from .errors import PoolClosedError, RunActiveError
+from .events import Job
 from .group import WorkerGroup
 from .result import RunResult
+from .rundir import RunDir
 
 _CURRENT: WorkerPool | None = None
 
@@ -27,56 +33,83 @@ _CURRENT: WorkerPool | None = None
 class WorkerPool:
     """Workers started once and reused by every job launched through the pool.
 
-    Jobs are isolated: each gets a fresh unpickled function, a reset flair logger, its own seed, a cleared
-    CUDA cache, and a health check (a tiny all-reduce on every rank) before it starts. A failed or stopped
-    job, or a failed health check, recycles the workers: the next job starts on fresh ones, and the pool
-    says so. The workers exit with the kernel, like any worker.
+    Jobs are isolated: each gets a fresh unpickled function, a reset flair logger, its own seed, its own
+    run directory and log files, a cleared CUDA cache, and a health check (a tiny all-reduce on every rank)
+    before it starts. A failed or stopped job, or a failed health check, recycles the workers: the next job
+    starts on fresh ones, and the pool says so. The workers exit with the kernel, like any worker.
 
     Args:
         processes: number of workers; default every visible GPU, else 2 CPU processes.
         device: ``"cuda"``, ``"cpu"`` or None (automatic), as for :func:`~flair_nbddp.launch`.
+        run_dir: where the workers' start-up output and stack dumps go; default a new private directory.
+            Each job's output goes to its own run directory.
+
+    Raises:
+        DeviceError: impossible devices or process counts.
+
+    Example:
+        >>> pool = WorkerPool(2, "cpu")          # no worker starts before the first job (or warm_up())
+        >>> pool.status().split(";")[0]
+        'WorkerPool: 2 × cpu (gloo), idle (workers start with the next job)'
+        >>> pool.close()
     """
 
-    def __init__(self, processes: int | None = None, device: str | None = None) -> None:
-        from .launcher import runs_root
-
+    def __init__(self, processes: int | None = None, device: str | None = None, run_dir: str | Path | None = None):
         self.plan: DevicePlan = resolve_devices(device, processes)
-        self.run_dir = Path(tempfile.mkdtemp(prefix="pool-", dir=runs_root()))
+        self.home = RunDir.create(run_dir, prefix="pool-")
         self.jobs_run = 0
         self.recycled = 0
         self.notes: list[str] = []  # what the pool did on its own (recycling), newest last
         self._group: WorkerGroup | None = None
         self._needs_recycle: str | None = None
+        self._busy = False  # a job was handed out and not released yet
         self._lock = threading.Lock()
         self._closed = False
 
-    # -- used by Run ------------------------------------------------------------------------------
-    def submit(self, job: dict[str, Any]) -> WorkerGroup:
-        """Hand ``job`` to every worker (starting or recycling them first) and return their group."""
+    @property
+    def run_dir(self) -> Path:
+        """The workers' own directory: their start-up output and stack dumps."""
+        return self.home.path
+
+    # -- the worker source ------------------------------------------------------------------------
+    def acquire(self, job: Job) -> WorkerGroup:
+        """Hand ``job`` to every worker (starting or recycling them first) and return their group.
+
+        Raises:
+            PoolClosedError: the pool was closed.
+            RunActiveError: the pool is running another job.
+        """
         with self._lock:
             if self._closed:
-                raise RuntimeError("this WorkerPool is closed: start a new one (WorkerPool(...) or %ddp_pool start)")
-            group = self._group
-            reason = self._needs_recycle
+                raise PoolClosedError("this WorkerPool is closed: start a new one (WorkerPool(...) or %ddp_pool start)")
+            if self._busy:
+                raise RunActiveError("this WorkerPool is running another job: wait for it to end, or stop it")
+            group, reason = self._group, self._needs_recycle
             if group is not None and reason is None and not group.alive:
                 reason = f"worker(s) {sorted(group.dead_ranks())} had exited"
             if group is not None and reason is not None:
                 group.close(grace=1.0)
                 self.recycled += 1
                 self._note(f"recycled the pool's workers ({reason}); this job starts on fresh ones")
-                group = None
+                self._group = None
             self._needs_recycle = None
-            if group is None:
-                self._group = WorkerGroup(self.plan, self.run_dir).start(job, stay=True)
-            else:
-                group.send_all(job)
+            if self._group is None:
+                self._group = WorkerGroup(self.plan, self.home).start()
+            try:
+                self._group.submit(job)
+            except BaseException:  # some ranks may hold the job: these workers cannot take another
+                self._group.terminate()
+                self._needs_recycle = "a job could not be handed to every worker"
+                raise
+            self._busy = True
             self.jobs_run += 1
             return self._group
 
-    def job_ended(self, clean: bool, reason: str) -> None:
-        """Called when a job ends; an unclean end (failed, stopped) recycles the workers before the next job."""
-        if not clean:
-            with self._lock:
+    def release(self, clean: bool, reason: str) -> None:
+        """A job ended; an unclean end (failed, stopped) recycles the workers before the next job."""
+        with self._lock:
+            self._busy = False
+            if not clean:
                 self._needs_recycle = f"the last job {reason}"
                 if self._group is not None:
                     self._group.terminate()
@@ -88,9 +121,7 @@ class WorkerPool:
     # -- public -----------------------------------------------------------------------------------
     def launch(self, fn: Callable, args: tuple = (), kwargs: dict | None = None, **options: Any) -> RunResult:
         """:func:`flair_nbddp.launch` on the pool's workers (``processes``/``device``, if given, must match)."""
-        from .launcher import launch
-
-        return launch(fn, args, kwargs, pool=self, **options)
+        return api.launch(fn, args, kwargs, pool=self, **options)
 
     def launch_distributed(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         """:func:`flair_nbddp.launch_distributed` on the pool's workers: rank 0's return value."""
@@ -102,6 +133,11 @@ class WorkerPool:
         return self._group is not None and self._group.alive and not self._closed
 
     @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    @property
     def pids(self) -> list[int]:
         """The workers' process ids (empty before the first job or after ``close``)."""
         return self._group.pids if self.started else []
@@ -111,19 +147,8 @@ class WorkerPool:
         state = "closed" if self._closed else "warm" if self.started else "idle (workers start with the next job)"
         return (
             f"WorkerPool: {self.plan.world_size} × {self.plan.device_type} ({self.plan.backend}), {state}; "
-            f"{self.jobs_run} job(s) run, {self.recycled} recycle(s); logs {self.run_dir}"
+            f"{self.jobs_run} job(s) run, {self.recycled} recycle(s); workers' logs {self.run_dir}"
         )
-
-    def mismatch(self, processes: int | None, device: str | None) -> str | None:
-        """Why ``processes``/``device`` cannot run on this pool (None when they match or are left out).
-
-        Example:
-            >>> WorkerPool(2, "cpu").mismatch(4, None)
-            'the warm pool runs 2 × cpu, not 4 × cpu'
-        """
-        have = (self.plan.world_size, self.plan.device_type)
-        wanted = (processes or have[0], device or have[1])
-        return None if wanted == have else f"the warm pool runs {have[0]} × {have[1]}, not {wanted[0]} × {wanted[1]}"
 
     def warm_up(self) -> WorkerPool:
         """Start the workers now and import flair in them, so the first real job starts warm."""
@@ -157,7 +182,7 @@ def _import_flair() -> None:
 
 def current_pool() -> WorkerPool | None:
     """The pool started with ``%ddp_pool start`` (or :func:`set_current_pool`), which the magic and panel use."""
-    return _CURRENT if _CURRENT is not None and not _CURRENT._closed else None
+    return _CURRENT if _CURRENT is not None and not _CURRENT.closed else None
 
 
 def set_current_pool(pool: WorkerPool | None) -> None:

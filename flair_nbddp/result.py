@@ -23,19 +23,20 @@ class RunResult:
         elapsed: seconds from launch to the end of the run.
         time_to_first_batch: seconds from launch to rank 0's first finished training batch (None if none).
         samples_per_second: training throughput summed over ranks (0.0 if nothing trained).
-        log: rank 0's output (flair's log lines), as shown in the cell.
+        log: rank 0's output (flair's log lines) during this run, as shown in the cell.
         metrics: every scalar flair recorded on rank 0, in order (``history`` filters by name).
         ranks: the last word from each rank (pid, device, steps, throughput, memory, exit code).
         seed: the seed every rank was given.
-        run_dir: the run's private directory; ``log_files`` maps rank → its full output there.
+        run_dir: the run's private directory (on a warm pool too); ``log_files`` maps rank → its full output
+            during this run there.
         checkpoint: where the model was saved when the run was stopped (``status == "stopped"``).
         error: the failure (WorkerError, RunTimeoutError, RunHangError) when ``status == "failed"``.
 
-    Example:
-        >>> result = launch(train, args=(corpus,))          # doctest: +SKIP
-        >>> result.value["test_score"], result.elapsed      # doctest: +SKIP
-        >>> result.history("dev/score")                     # doctest: +SKIP
-        [(1, 0.71), (2, 0.86)]
+    Example::
+
+        result = launch(train, args=(corpus,))
+        result.value["test_score"], result.elapsed
+        result.history("dev/score")  # [(1, 0.71), (2, 0.86)]
     """
 
     value: Any
@@ -54,6 +55,31 @@ class RunResult:
     log_files: dict[int, Path] = field(default_factory=dict)
     checkpoint: Path | None = None
     error: Exception | None = None
+
+    @classmethod
+    def from_run(cls, run: Any, value: Any, error: Exception | None) -> RunResult:
+        """The result of an ended :class:`~flair_nbddp.Run`, from its final state."""
+        snapshot, plan = run.state.snapshot(), run.plan
+        return cls(
+            value=value,
+            status=snapshot.status,
+            world_size=plan.world_size,
+            device_type=plan.device_type,
+            backend=plan.backend,
+            elapsed=snapshot.elapsed,
+            time_to_first_batch=(
+                None if snapshot.first_batch_at is None else snapshot.first_batch_at - snapshot.started_at
+            ),
+            samples_per_second=snapshot.samples_per_second,
+            log="\n".join(snapshot.log_lines),
+            metrics=list(snapshot.metrics),
+            ranks=list(snapshot.ranks),
+            seed=run.seed,
+            run_dir=run.run_dir,
+            log_files=run.log_files,
+            checkpoint=Path(snapshot.checkpoint) if snapshot.checkpoint else None,
+            error=error,
+        )
 
     def history(self, name: str) -> list[tuple[int, float]]:
         """``(step, value)`` pairs of one metric, e.g. ``"train/loss"`` (per epoch) or ``"dev/score"``."""

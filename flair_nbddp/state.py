@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
+from .errors import ConfigurationError
 from .events import Event, Failed, Finished, Heartbeat, Metric, Progress, ResultReady, Started, Stopped
 
 STATUSES = ("starting", "running", "finished", "stopped", "failed")
@@ -126,7 +127,7 @@ class RunState:
         ]
         self._metrics: list[MetricPoint] = []
         self._log: list[str] = []
-        self._log_dropped = 0
+        self._log_total = 0  # lines ever added: a reader's cursor stays valid when old lines are dropped
         self._finished_ranks: set[int] = set()
         self.version = 0  # bumped on every change, so a UI can skip redraws when nothing happened
 
@@ -176,10 +177,30 @@ class RunState:
         with self._lock:
             self.version += 1
             self._log.extend(lines)
+            self._log_total += len(lines)
             overflow = len(self._log) - self.max_log_lines
             if overflow > 0:
                 del self._log[:overflow]
-                self._log_dropped += overflow
+
+    def log_since(self, cursor: int) -> tuple[list[str], int]:
+        """The log lines added after ``cursor`` that are still kept, and the cursor to pass next time (start at 0).
+
+        Example:
+            >>> state = RunState(world_size=1, device_type="cpu", max_log_lines=2)
+            >>> state.add_log_lines(["a", "b", "c"])
+            >>> state.log_since(0)
+            (['b', 'c'], 3)
+        """
+        with self._lock:
+            first_kept = self._log_total - len(self._log)
+            return self._log[max(cursor, first_kept) - first_kept :], self._log_total
+
+    def all_stalled(self, since: float) -> bool:
+        """Every live rank made its last progress (a step, or a change of call stack) before ``since``;
+        False when no rank is alive. Reads the ranks only (the hang watchdog asks ten times a second)."""
+        with self._lock:
+            alive = [rank for rank in self._ranks if rank.alive]
+            return bool(alive) and all(rank.last_progress < since for rank in alive)
 
     def request_stop(self) -> None:
         """Record that a graceful stop was asked for."""
@@ -201,7 +222,7 @@ class RunState:
     def end(self, status: str) -> None:
         """Mark the run as ended with ``status`` (one of finished, stopped, failed)."""
         if status not in STATUSES[2:]:
-            raise ValueError(f"status={status!r} is not an end status")
+            raise ConfigurationError(f"status={status!r} is not an end status (one of {', '.join(STATUSES[2:])})")
         with self._lock:
             self.version += 1
             self.status = status

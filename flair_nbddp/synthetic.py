@@ -17,6 +17,8 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .errors import ConfigurationError
+
 if TYPE_CHECKING:  # flair is imported lazily: the parent must not pay for it until it is needed
     from flair.data import Corpus
 
@@ -163,7 +165,7 @@ def tiny_transformer(path: str | Path, size: str = "tiny", seed: int = 0) -> str
     from transformers import DistilBertConfig, DistilBertModel, PreTrainedTokenizerFast
 
     if size not in TRANSFORMER_SIZES:
-        raise ValueError(f"size={size!r} is not one of {sorted(TRANSFORMER_SIZES)}")
+        raise ConfigurationError(f"size={size!r} is not one of {sorted(TRANSFORMER_SIZES)}")
     path = Path(path)
     if (path / "config.json").exists() and (path / "tokenizer.json").exists():
         return str(path)

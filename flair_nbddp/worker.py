@@ -1,34 +1,57 @@
-"""The worker process: ``python -m flair_nbddp.worker``, one per rank, started by a WorkerGroup.
+"""The worker process: :func:`main` with the channel's descriptor as its argument, one per rank, started by a
+WorkerGroup (the parent's copy of the kit first on its path).
 
-Lifecycle: read the spec from stdin, listen to the parent, set the device, join the process group,
-bend flair once it is imported, then run jobs: the spec's first one, and in a pool every job the parent sends after it. Each job is
-checked (a tiny all-reduce over every rank), seeded, run, and its rank-0 result written to a file.
-Stdout and stderr are the rank's log file (the parent tails rank 0's into the cell). Never imports
-IPython or ipywidgets.
+Lifecycle: read the :class:`~flair_nbddp.events.WorkerSpec` from the channel, listen to the parent, then
+run every :class:`~flair_nbddp.events.Job` it sends until it says EXIT. Stdout and stderr go to
+``rank<r>.log`` of the job's run directory while the job runs (the parent tails rank 0's into the cell),
+and to the group's own log between jobs. The first job sets the worker up (device, process group, flair
+bent once it is imported), so what set-up prints lands in that job's log. Each job is then unpacked,
+checked (a tiny all-reduce over every rank), seeded and run, and rank 0 writes its result to a file.
+Never imports IPython or ipywidgets.
 
-The channel to the parent carries events up and requests down (a job, STOP, EXIT); when it closes,
-the parent is gone (the kernel died or restarted) and the worker exits at once. ``SIGUSR1`` writes
-every thread's Python stack to the rank's stacks file (the hang watchdog uses it).
+The channel carries events up and requests down (the spec, jobs, STOP, EXIT); when it closes, the
+parent is gone (the kernel died or restarted) and the worker exits at once. ``SIGUSR1`` writes every
+thread's Python stack to the rank's stacks file (the hang watchdog uses it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import faulthandler
 import gc
 import importlib.abc
 import importlib.util
-import json
 import logging
 import os
 import queue
 import signal
 import sys
 import threading
+import time
 import traceback
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, Callable
 
-from .events import EXIT, STOP, STOP_REQUESTED, EventSender, Failed, Finished, Heartbeat, ResultReady, Started
+from . import payload
+from .counters import TrainingCounters
+from .errors import HealthCheckError
+from .events import (
+    EXIT,
+    STOP,
+    STOP_REQUESTED,
+    EventSender,
+    Failed,
+    Finished,
+    Heartbeat,
+    Job,
+    ResultReady,
+    Started,
+    WorkerSpec,
+)
+from .rundir import RunDir
 
 HEARTBEAT_SECONDS = 1.0
 
@@ -62,7 +85,7 @@ class _Vitals:
     device: Any = None
     counters: Any = None
     control_group: Any = None  # gloo group of every rank for the per-batch stop agreement (None: one process)
-    idle = False  # a pool worker waiting for its next job sends no heartbeats
+    idle = True  # a worker waiting for its next job sends no heartbeats
 
     def __init__(self) -> None:
         self.flair_logger = _LoggerState()
@@ -86,8 +109,11 @@ def _listen_to_parent(sender: EventSender, jobs: queue.Queue) -> None:
                 message = sender.connection.recv()
                 if message == STOP:
                     STOP_REQUESTED.set()
-                else:
-                    jobs.put(None if message == EXIT else message)
+                elif message == EXIT:
+                    jobs.put(None)
+                else:  # a new job: a STOP for it can only come after it, even one sent during set-up
+                    STOP_REQUESTED.clear()
+                    jobs.put(message)
         except (EOFError, OSError):
             os._exit(3)
 
@@ -124,9 +150,8 @@ def _start_heartbeat(sender: EventSender, rank: int, vitals: _Vitals) -> None:
         while True:
             if not vitals.idle:
                 sender.send(_heartbeat(rank, vitals))
-            pause.wait(HEARTBEAT_SECONDS)
+            time.sleep(HEARTBEAT_SECONDS)
 
-    pause = threading.Event()
     threading.Thread(target=beat, name="flair_nbddp-heartbeat", daemon=True).start()
 
 
@@ -154,7 +179,7 @@ def _when_imported(name: str, callback: Callable[[], None]) -> None:
     sys.meta_path.insert(0, AfterImport())
 
 
-def _bend_flair(spec: dict, sender: EventSender, vitals: _Vitals) -> None:
+def _bend_flair(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
     """Point flair at this rank's device and instrument its trainer (once flair is imported)."""
     import flair
 
@@ -162,24 +187,22 @@ def _bend_flair(spec: dict, sender: EventSender, vitals: _Vitals) -> None:
 
     flair.device = vitals.device
     flair_compat.allow_cpu_ddp()
-    flair_compat.instrument_trainer(sender, spec["rank"], spec["world_size"], vitals.counters, vitals.control_group)
+    flair_compat.instrument_trainer(sender, spec.rank, spec.world_size, vitals.counters, vitals.control_group)
     vitals.flair_logger.remember()  # with the handlers flair's import configured
 
 
-def set_up(spec: dict, sender: EventSender, vitals: _Vitals) -> None:
+def set_up(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
     """Pick the device and join the process group (once per worker).
 
     flair is bent as soon as it is imported, by the job or by its payload: a job that never imports flair
     does not pay for it (seconds per worker).
     """
-    sys.path[:0] = [entry for entry in spec["sys_path"] if entry not in sys.path]
+    sys.path[:0] = [entry for entry in spec.sys_path if entry not in sys.path]
 
     import torch
     import torch.distributed as dist
 
-    from .counters import TrainingCounters
-
-    device = torch.device(spec["device"])
+    device = torch.device(spec.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     vitals.device, vitals.counters = device, TrainingCounters()
@@ -187,14 +210,14 @@ def set_up(spec: dict, sender: EventSender, vitals: _Vitals) -> None:
     # rank 0 serves the store on the loopback socket the parent bound for it
     store = dist.TCPStore(
         "127.0.0.1",
-        spec["port"],
-        spec["world_size"],
-        spec["rank"] == 0,
-        timeout=datetime.timedelta(seconds=spec["rendezvous_timeout"]),
-        master_listen_fd=spec["listen_fd"],
+        spec.port,
+        spec.world_size,
+        spec.rank == 0,
+        timeout=datetime.timedelta(seconds=spec.rendezvous_timeout),
+        master_listen_fd=spec.listen_fd,
     )
-    dist.init_process_group(spec["backend"], store=store, rank=spec["rank"], world_size=spec["world_size"])
-    if spec["world_size"] > 1:  # on CPU tensors: a collective on the GPU's group would make every batch wait for it
+    dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size)
+    if spec.world_size > 1:  # on CPU tensors: a collective on the GPU's group would make every batch wait for it
         vitals.control_group = dist.new_group(backend="gloo")
     _when_imported("flair", lambda: _bend_flair(spec, sender, vitals))
 
@@ -207,24 +230,21 @@ def _check_health(world_size: int, device: Any) -> None:
     ones = torch.ones(1, device=device if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(ones)
     if int(ones.item()) != world_size:
-        raise RuntimeError(f"health check failed: the all-reduce summed to {ones.item()}, not {world_size}")
+        raise HealthCheckError(f"health check failed: the all-reduce summed to {ones.item()}, not {world_size}")
 
 
-def _return_value(job: dict, value: Any) -> None:
-    from . import payload
-
+def _return_value(job: Job, value: Any) -> None:
     try:
-        payload.write_result(job["result"], value)
+        payload.write_result(job.result, value)
     except payload.ShippingError as error:
         saved_models = sys.modules["flair_nbddp.flair_compat"].SAVED_MODELS if "flair" in sys.modules else []
         if saved_models:
             saved = ", ".join(str(path.resolve()) for path in saved_models)
-            raise payload.ShippingError(f"{error} The trained model is safe: rank 0 saved {saved}.") from error
+            raise type(error)(f"{error} The trained model is safe: rank 0 saved {saved}.") from error
         raise
 
 
 def _reset_between_jobs(vitals: _Vitals) -> None:
-    STOP_REQUESTED.clear()
     vitals.counters.reset()
     vitals.flair_logger.restore()
     if "flair" in sys.modules:
@@ -245,30 +265,49 @@ def _release_memory(vitals: _Vitals) -> None:
         torch.cuda.empty_cache()
 
 
-def run_job(spec: dict, job: dict, sender: EventSender, vitals: _Vitals) -> None:
-    """One job: fresh state, health check, seed, ``fn(*args, **kwargs)``, rank 0's result."""
-    from . import payload
+@contextlib.contextmanager
+def _output_to(path: os.PathLike) -> Iterator[None]:
+    """Send this process's stdout and stderr (Python's and native code's) to ``path`` for a while."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (log_fd, *saved):
+            os.close(fd)
 
-    rank = spec["rank"]
+
+def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) -> None:
+    """One job: fresh state, health check, seed, ``fn(*args, **kwargs)``, rank 0's result."""
+    rank = spec.rank
     _reset_between_jobs(vitals)
-    fn, args, kwargs = payload.read_payload(job["payload"])
+    fn, args, kwargs = payload.read_payload(job.payload)
     # a shipped corpus is millions of objects that live as long as the job: keep the cyclic collector
     # from rescanning them at every full collection (~11 s each for 50,000 IMDB-length documents).
     # No collection first: the last job's garbage went while the worker waited (_release_memory).
     gc.freeze()
     try:
-        _check_health(spec["world_size"], vitals.device)
+        _check_health(spec.world_size, vitals.device)
         sender.send(Started(rank, os.getpid(), str(vitals.device)))
-        _seed_everything(job["seed"])
+        _seed_everything(job.seed)
 
         value = fn(*args, **kwargs)
 
         if rank == 0:
             _return_value(job, value)
-            sender.send(ResultReady(0, job["result"]))
+            sender.send(ResultReady(0, job.result))
     finally:
         gc.unfreeze()  # a warm worker must be able to free this job's objects
     sender.send(_heartbeat(rank, vitals))  # the result's per-rank figures are the final ones, not a second old
+    vitals.idle = True  # no heartbeat of this job may reach the next one's state
     sender.send(Finished(rank))
 
 
@@ -285,40 +324,54 @@ def _seed_everything(seed: int) -> None:
     torch.cuda.manual_seed_all(seed)
 
 
+def _report_and_exit(rank: int, sender: EventSender, error: BaseException) -> None:
+    formatted = traceback.format_exc()
+    print(formatted, file=sys.stderr, flush=True)
+    sender.send(Failed(rank, type(error).__name__, str(error), formatted))
+    # skip interpreter teardown: a collective's peers may be gone, and destroying the group could hang
+    os._exit(1)
+
+
+def serve(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) -> None:
+    """Run ``job`` with this process's output in its run directory, setting the worker up first if it is new
+    (so that what set-up prints, or the error it fails with, lands in that job's log)."""
+    with _output_to(RunDir(Path(job.run_dir)).log(spec.rank)):
+        try:
+            if vitals.device is None:
+                set_up(spec, sender, vitals)
+            run_job(spec, job, sender, vitals)
+        except BaseException as error:  # noqa: BLE001 - every failure is reported to the parent
+            _report_and_exit(spec.rank, sender, error)
+
+
 def main() -> None:
-    """Entry point of ``python -m flair_nbddp.worker`` (the spec arrives as JSON on stdin)."""
-    spec = json.loads(sys.stdin.read())
-    sender = EventSender.from_fd(spec["fd"])
+    """A worker's life: the spec, then jobs, all from the channel whose descriptor is ``sys.argv[1]``."""
+    connection = Connection(int(sys.argv[1]))
+    spec: WorkerSpec = connection.recv()
+    sender = EventSender(connection)
     jobs: queue.Queue = queue.Queue()
     _listen_to_parent(sender, jobs)
     vitals = _Vitals()
-    _start_heartbeat(sender, spec["rank"], vitals)
-    # private like every file of the run; stays open for faulthandler until exit
-    stacks = os.fdopen(os.open(spec["stacks"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")
-    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
-    job = spec["job"]
+    _start_heartbeat(sender, spec.rank, vitals)
     try:
-        set_up(spec, sender, vitals)
+        # private like every file of the run; stays open for faulthandler until exit
+        stacks = os.fdopen(os.open(spec.stacks, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+        job = jobs.get()
         while job is not None:
-            run_job(spec, job, sender, vitals)
-            if not spec["stay"]:
-                break
-            vitals.idle = True
-            _release_memory(vitals)  # now, not on the next job's way to its first batch
-            job = jobs.get()
             vitals.idle = False
-    except BaseException as error:  # noqa: BLE001 - every failure is reported to the parent
-        formatted = traceback.format_exc()
-        print(formatted, file=sys.stderr, flush=True)
-        sender.send(Failed(spec["rank"], type(error).__name__, str(error), formatted))
-        # skip interpreter teardown: a collective's peers may be gone, and destroying the group could hang
-        os._exit(1)
-    import torch.distributed as dist
+            serve(spec, job, sender, vitals)
+            try:
+                job = jobs.get_nowait()  # a cold worker's EXIT is already here: leave without tidying up
+            except queue.Empty:
+                _release_memory(vitals)  # now, not on the next job's way to its first batch
+                job = jobs.get()
+    except BaseException as error:  # noqa: BLE001 - e.g. a run directory that cannot be written
+        _report_and_exit(spec.rank, sender, error)
+    if vitals.device is not None:
+        import torch.distributed as dist
 
-    dist.destroy_process_group()
+        dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
 
-
-if __name__ == "__main__":
-    main()

@@ -7,13 +7,15 @@ missing, where either is absent.
 Fixtures (import them into a test module): ``lab`` starts one JupyterLab per module; ``page`` opens a
 fresh Chromium page per test. Helpers write a notebook, open it, run every cell and take screenshots.
 
-Example:
-    >>> from browser import lab, page, open_notebook, run_all_cells    # doctest: +SKIP
-    >>> def test_prints(lab, page):                                      # doctest: +SKIP
-    ...     lab.write_notebook("hello", ["print('hi')"])
-    ...     open_notebook(page, lab, "hello")
-    ...     run_all_cells(page)
-    ...     page.wait_for_selector("text=hi")
+Example::
+
+    from browser import lab, page, open_notebook, run_all_cells
+
+    def test_prints(lab, page):
+        lab.write_notebook("hello", ["print('hi')"])
+        open_notebook(page, lab, "hello")
+        run_all_cells(page)
+        page.wait_for_selector("text=hi")
 """
 
 from __future__ import annotations

@@ -1,3 +1,11 @@
+"""Shared fixtures, and the test tiers.
+
+Every test belongs to one tier. ``process`` (starts worker processes), ``kernel`` (starts a Jupyter kernel)
+and ``browser`` (JupyterLab in headless Chromium) are marked in the test files; every other test is in the
+fast tier, and a fast test that starts workers or a kernel fails with the marker to add.
+``make test-fast`` runs the fast tier (with the package's doctests), ``make test`` all of them.
+"""
+
 import os
 import sys
 import time
@@ -5,10 +13,27 @@ import time
 import psutil
 import pytest
 
+from flair_nbddp.group import WorkerGroup
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Tests rehearse DDP on CPU with gloo and 2 processes, whatever the machine has.
 os.environ.setdefault("FLAIR_NBDDP_DEVICE", "cpu")
 os.environ.setdefault("FLAIR_NBDDP_PROCESSES", "2")
+SLOW_TIERS = ("process", "kernel", "browser")
+TIER_ENV = "FLAIR_NBDDP_TEST_TIER"
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_nothing(request, monkeypatch):
+    """A fast test may not start worker processes (nor, through ``jupyter_kernel``, a kernel)."""
+    if any(request.node.get_closest_marker(tier) for tier in SLOW_TIERS):
+        return
+
+    def refuse(self):
+        raise AssertionError("this fast-tier test started worker processes: mark it @pytest.mark.process")
+
+    monkeypatch.setattr(WorkerGroup, "start", refuse)
+    monkeypatch.setenv(TIER_ENV, "fast")
 
 
 @pytest.fixture(scope="session")

@@ -7,11 +7,11 @@ updates applied, the error), and every ipywidgets comm is tracked kernel-wide in
 :attr:`KernelSession.widgets`, since widget updates can come from background threads and after the
 cell ended.
 
-Example:
-    >>> with running_kernel() as kernel:                                    # doctest: +SKIP
-    ...     result = kernel.execute("import ipywidgets as w; w.IntSlider(3)")
-    ...     [model.state["value"] for model in kernel.widgets.values() if model.model_name == "IntSliderModel"]
-    [3]
+Example::
+
+    with running_kernel() as kernel:
+        result = kernel.execute("import ipywidgets as w; w.IntSlider(3)")
+        [model.state["value"] for model in kernel.widgets.values() if model.model_name == "IntSliderModel"]  # [3]
 
 Interrupting a cell half-way::
 
@@ -232,6 +232,8 @@ def running_kernel(
         cwd: the kernel's working directory (default: this one).
         startup_timeout: seconds the kernel may take to answer its first request.
     """
+    if os.environ.get("FLAIR_NBDDP_TEST_TIER") == "fast":
+        raise AssertionError("this fast-tier test started a Jupyter kernel: mark it @pytest.mark.kernel")
     with tempfile.TemporaryDirectory(prefix="kernel-") as sockets:
         # IPC sockets in a private directory: no TCP port is opened, and no other user can connect
         manager = KernelManager(

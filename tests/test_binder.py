@@ -114,7 +114,7 @@ def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> 
     return seconds
 
 
-@pytest.mark.slow
+@pytest.mark.kernel
 def test_binder_environment_runs_the_quickstart(tmp_path):
     repo, venv = tmp_path / "repo", tmp_path / "venv"
     shutil.copytree(ROOT, repo, ignore=NOT_IN_A_CLONE)

@@ -6,7 +6,7 @@ from flair_nbddp import launch_distributed
 from flair_nbddp.synthetic import ner_corpus
 from training_jobs import train_ner
 
-pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+pytestmark = [pytest.mark.process, pytest.mark.usefixtures("no_leftover_processes")]
 
 
 def test_ner_tagger_trains_on_two_ranks_from_a_corpus_built_in_the_parent(tmp_path, monkeypatch):

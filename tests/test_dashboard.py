@@ -35,7 +35,7 @@ from jupyter_kernel import running_kernel
 
 
 class FakeRun:
-    """What the views read from a :class:`~flair_nbddp.launcher.Run`, fed with synthetic events."""
+    """What the views read from a :class:`~flair_nbddp.Run`, fed with synthetic events."""
 
     def __init__(self, run_dir):
         self.plan = DevicePlan("cpu", 2, "gloo")
@@ -199,11 +199,13 @@ def test_summary_line_names_status_scores_and_failure(run):
 
 
 # -- the widget dashboard -------------------------------------------------------------------------
-def test_dashboard_widgets_follow_the_state(run):
+def test_dashboard_widgets_follow_the_state(run, capsys):
     view = Dashboard(run)
     assert "nbddp-dashboard" in view.widget._dom_classes and "nbddp-status" in view.status._dom_classes
     assert "nbddp-progress" in view.bar._dom_classes and "nbddp-log" in view.log._dom_classes
-    assert not view.echo_logs
+    run.state.add_log_lines(["rank 0 says hi"])
+    view.poll()
+    assert capsys.readouterr().out == ""  # the dashboard shows the log in its widget, never prints it
     assert "● starting" in view.status.value and view.bar.value == 0.0
 
     run.start_ranks()
@@ -287,7 +289,6 @@ def test_dashboard_of_a_run_that_could_not_start_says_failed(run):
 # -- plain views and the choice ---------------------------------------------------------------------
 def test_text_view_prints_a_header_progress_lines_and_a_summary(run, capsys):
     view = TextView(run, interval=3600)
-    assert view.echo_logs
     view.start()
     view.poll()  # nothing trained yet: no line
     run.state.apply(Progress(0, epoch=1, max_epochs=2, batch=1, total_batches=4))
@@ -305,6 +306,17 @@ def test_text_view_prints_a_header_progress_lines_and_a_summary(run, capsys):
     assert len(lines) == 4
 
 
+@pytest.mark.parametrize("view_class", [TextView, NullView])
+def test_text_and_null_views_print_rank_zero_lines_as_they_arrive(run, capsys, view_class):
+    view = view_class(run)
+    run.state.add_log_lines(["first", "second"])
+    view.poll()
+    run.state.add_log_lines(["third"])
+    view.poll()
+    view.poll()
+    assert capsys.readouterr().out.splitlines() == ["first", "second", "third"]
+
+
 def test_text_view_repeats_progress_after_its_interval(run, capsys):
     view = TextView(run, interval=0)
     for batch in (1, 2, 3):
@@ -316,7 +328,7 @@ def test_text_view_repeats_progress_after_its_interval(run, capsys):
 def test_outside_a_kernel_the_choice_is_text_null_or_an_error(run, capsys):
     assert type(open_view(run)) is TextView
     view = open_view(run, dashboard=False)
-    assert type(view) is NullView and view.echo_logs
+    assert type(view) is NullView
     view.start()
     view.poll()
     view.finish(None, KeyboardInterrupt())
@@ -338,6 +350,7 @@ print("status:", result.status)
 """
 
 
+@pytest.mark.kernel
 def test_dashboard_in_a_kernel_updates_live_and_ends_finished(tiny_model_path, tmp_path, no_leftover_processes):
     with running_kernel(cwd=tmp_path) as kernel:
         result = kernel.execute(TRAIN_IN_KERNEL.format(model=tiny_model_path, out=str(tmp_path / "out")), timeout=240)

@@ -3,6 +3,8 @@
 import time
 
 import nbformat
+import pytest
+
 from browser import lab, page  # noqa: F401 - fixtures
 from browser import needs_browser, open_notebook, run_all_cells, save_notebook, screenshot
 
@@ -37,6 +39,7 @@ def _progress_until_finished(page, timeout: float) -> list[float]:
 
 
 @needs_browser
+@pytest.mark.browser
 def test_dashboard_renders_advances_and_finishes_in_jupyterlab(lab, page):
     lab.write_notebook("train", [SETUP_CELL, TRAIN_CELL])
     open_notebook(page, lab, "train")

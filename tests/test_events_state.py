@@ -1,15 +1,16 @@
 import socket
 import time
+from multiprocessing.connection import Connection
 
 import pytest
 
-from flair_nbddp.events import EventSender, Failed, Finished, Heartbeat, Metric, Progress, Started, open_receiver
+from flair_nbddp.events import EventSender, Failed, Finished, Heartbeat, Metric, Progress, Started
 from flair_nbddp.state import RunState
 
 
 def test_events_cross_a_socket_pair_intact():
     a, b = socket.socketpair()
-    sender, receiver = EventSender.from_fd(a.detach()), open_receiver(b.detach())
+    sender, receiver = EventSender(Connection(a.detach())), Connection(b.detach())
     sent = [Started(1, pid=42, device="cpu"), Progress(0, 1, 3, 2, 10), Failed(1, "ValueError", "x", "tb")]
     for event in sent:
         sender.send(event)

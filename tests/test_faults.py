@@ -11,18 +11,16 @@ import time
 import psutil
 import pytest
 
-from flair_nbddp import RunHangError, WorkerError, launch, payload
-from flair_nbddp.devices import resolve_devices
-from flair_nbddp.launcher import Run
+from flair_nbddp import RunHangError, WorkerError, launch, payload, start
 from conftest import wait_for
 from training_jobs import train_sentiment, train_then_return_a_generator
 
-pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+pytestmark = [pytest.mark.process, pytest.mark.usefixtures("no_leftover_processes")]
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 def test_stop_ends_every_rank_after_the_same_batch_and_saves_the_model(tmp_path, tiny_model_path):
-    run = Run(train_sentiment, (tiny_model_path, str(tmp_path / "out")), {}, resolve_devices()).start()
+    run = start(train_sentiment, (tiny_model_path, str(tmp_path / "out")))
     wait_for(lambda: run.state.snapshot().batch >= 3, 120, "training to start")
     stopped_at = time.monotonic()
     run.stop()
@@ -36,6 +34,14 @@ def test_stop_ends_every_rank_after_the_same_batch_and_saves_the_model(tmp_path,
     assert freed_after < 10, f"the cell was busy for {freed_after:.1f} s after Stop"
     assert "stopped from the notebook" in result.log
     assert run.state.snapshot().epoch == 1  # stopped early, not after 20 epochs
+
+
+def test_a_stop_while_the_workers_start_up_is_kept_until_training(tmp_path, tiny_model_path):
+    run = start(train_sentiment, (tiny_model_path, str(tmp_path / "out")), stop_timeout=60)
+    run.stop()  # the workers are still importing torch and joining their process group
+    result = run.wait()
+    assert result.status == "stopped" and result.checkpoint.exists(), result.error
+    assert run.state.snapshot().batch == 1  # stopped after the first batch, not ended after stop_timeout
 
 
 def _program(code: str) -> subprocess.Popen:
@@ -155,7 +161,7 @@ def _sleep_and_report_port(seconds):
 
 
 def test_a_second_launch_while_one_runs_is_refused_and_the_first_continues():
-    first = Run(_sleep_and_report_port, (4,), {}, resolve_devices()).start()
+    first = start(_sleep_and_report_port, (4,))
     with pytest.raises(RuntimeError, match="another run is still active"):
         launch(_sleep_and_report_port, args=(0,), dashboard=False)
     result = first.wait()
@@ -163,7 +169,7 @@ def test_a_second_launch_while_one_runs_is_refused_and_the_first_continues():
 
 
 def test_stop_of_a_function_outside_training_ends_it_after_stop_timeout():
-    run = Run(_sleep_and_report_port, (600,), {}, resolve_devices(), stop_timeout=2).start()
+    run = start(_sleep_and_report_port, (600,), stop_timeout=2)
     wait_for(lambda: run.state.snapshot().status == "running", 60, "workers")
     asked = time.monotonic()
     run.stop()
@@ -183,7 +189,7 @@ def test_full_disk_is_reported_before_any_worker_starts(monkeypatch):
 
 
 def test_rendezvous_listens_on_loopback_only():
-    run = Run(_sleep_and_report_port, (15,), {}, resolve_devices()).start()
+    run = start(_sleep_and_report_port, (15,))
     try:
         wait_for(lambda: run.state.snapshot().status == "running", 60, "workers")
         pids = {rank.pid for rank in run.state.snapshot().ranks}

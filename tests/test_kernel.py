@@ -7,6 +7,7 @@ import pytest
 
 from jupyter_kernel import running_kernel
 
+pytestmark = pytest.mark.kernel
 TESTS = os.path.dirname(os.path.abspath(__file__))
 PROBE = (
     "import os, threading, psutil\n"

@@ -10,8 +10,10 @@ import pytest
 import flair_nbddp
 from conftest import python_program
 from flair_nbddp import RunTimeoutError, WorkerError, launch, launch_distributed
+from flair_nbddp.devices import resolve_devices
+from flair_nbddp.sources import ColdWorkers
 
-pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+pytestmark = [pytest.mark.process, pytest.mark.usefixtures("no_leftover_processes")]
 
 
 def _gone(result):
@@ -203,3 +205,37 @@ def test_run_directory_and_logs_are_private():
 
 def test_package_exports_the_public_api():
     assert set(flair_nbddp.__all__) >= {"launch", "launch_distributed", "RunResult", "WorkerError"}
+
+
+class CountingSource:
+    """A worker source of the test's own: the kit's cold workers behind a wrapper that records each call."""
+
+    def __init__(self):
+        self.inner = ColdWorkers(resolve_devices("cpu", 2))
+        self.plan = self.inner.plan
+        self.calls = []
+
+    def acquire(self, job):
+        self.calls.append("acquire")
+        return self.inner.acquire(job)
+
+    def release(self, clean, reason):
+        self.calls.append(("release", clean, reason))
+        self.inner.release(clean, reason)
+
+
+def test_a_worker_source_of_ones_own_plugs_into_launch():
+    source = CountingSource()
+    result = launch(_world, pool=source, dashboard=False)
+    assert result.value[:2] == (0, 2) and result.status == "finished"
+    assert source.calls == ["acquire", ("release", True, "finished")]
+    assert all(not psutil.pid_exists(rank.pid) or psutil.Process(rank.pid).status() == psutil.STATUS_ZOMBIE
+               for rank in result.ranks)  # fmt: skip
+
+
+def test_workers_run_the_notebooks_kit_whatever_folder_the_notebook_is_in(tmp_path, monkeypatch):
+    shadow = tmp_path / "flair_nbddp"  # e.g. a checkout of another version beside the notebook
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('the copy in the working directory was imported')\n")
+    monkeypatch.chdir(tmp_path)
+    assert launch(_world, dashboard=False).value[:2] == (0, 2)

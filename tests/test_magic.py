@@ -65,6 +65,7 @@ def test_execute_cell_returns_last_expression_or_none():
     assert execute_cell("x = 2", {}) is None
 
 
+@pytest.mark.process
 def test_corpus_and_helper_from_earlier_cells_train_and_out_holds_the_value(shell, tiny_model_path, tmp_path):
     shell.run_cell(
         f"""
@@ -134,6 +135,7 @@ def test_help_is_available(shell):
     assert "--processes" in shell.find_cell_magic("ddp_train").__doc__
 
 
+@pytest.mark.process
 def test_ddp_info_lists_devices_versions_and_runs(shell, capsys):
     assert shell.run_cell_magic("ddp_train", "--no-dashboard", "20 + 22") == 42
     shell.run_line_magic("ddp_info", "")

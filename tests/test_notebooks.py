@@ -69,7 +69,7 @@ def test_notebooks_have_the_switch_to_the_real_thing(notebook):
     assert first_line.startswith("REAL = False  # True: "), f"{notebook.name}: first code cell is not the REAL switch"
 
 
-@pytest.mark.slow
+@pytest.mark.kernel
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
 def test_notebook_runs_and_its_checked_outputs_hold(notebook, tmp_path):
     shutil.copy(notebook, tmp_path / notebook.name)

@@ -1,12 +1,13 @@
 """The training panel: params → widgets, run bookkeeping on a fake run, a real failing run, Train/Stop in a kernel."""
 
-import queue
+import threading
 from pathlib import Path
 
 import ipywidgets as widgets
 import pytest
 
 from flair_nbddp import panel as panel_module
+from flair_nbddp.devices import resolve_devices
 from flair_nbddp.errors import WorkerError
 from flair_nbddp.panel import (
     PanelRun,
@@ -138,43 +139,42 @@ def test_device_choices_offer_every_gpu_count_then_cpu_processes():
 
 # -- run bookkeeping on a fake run ------------------------------------------------------------------
 class FakeRun:
-    """Stands in for :class:`~flair_nbddp.launcher.Run`: keeps how it was made, ends when the test says."""
+    """Stands in for the :class:`~flair_nbddp.Run` that :func:`flair_nbddp.start` returns: keeps how it was
+    started, ends when the test says."""
 
-    def __init__(self, fn, args, kwargs, plan, *, pool=None, **options):
-        self.fn, self.args, self.kwargs, self.plan, self.pool, self.options = fn, args, kwargs, plan, pool, options
-        self.state = RunState(world_size=plan.world_size, device_type=plan.device_type)
+    def __init__(self, fn, args, kwargs, *, processes, device, pool=None, **options):
+        self.fn, self.args, self.kwargs, self.pool, self.options = fn, args, kwargs, pool, options
+        self.plan = pool.plan if pool is not None else resolve_devices(device, processes)
+        self.state = RunState(world_size=self.plan.world_size, device_type=self.plan.device_type)
         self.stopped = False
-        self._outcome = queue.SimpleQueue()
-
-    def start(self):
-        return self
+        self._ended = threading.Event()
+        self._outcome = None
 
     def stop(self):
         self.stopped = True
         self.state.request_stop()
 
-    def wait(self, echo=False, on_tick=None):
-        while True:
-            try:
-                outcome = self._outcome.get(timeout=0.02)
-            except queue.Empty:
-                on_tick()
-                continue
-            if isinstance(outcome, BaseException):
-                raise outcome
-            self.state.end(outcome.status)
-            return outcome
+    def wait(self, timeout=None, on_tick=None):
+        self._ended.wait()
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        self.state.end(self._outcome.status)
+        return self._outcome
 
     def end(self, status="finished", value=None, error=None, checkpoint=None, metrics=()):
         points = [MetricPoint(name, value, 1, 0.0) for name, value in metrics]
-        self._outcome.put(RunResult(
+        self._end(RunResult(
             value=value, status=status, world_size=2, device_type="cpu", backend="gloo", elapsed=42.0,
             time_to_first_batch=None, samples_per_second=0.0, log="", metrics=points, ranks=[], seed=1,
             run_dir=Path("."), checkpoint=checkpoint, error=error,
         ))  # fmt: skip
 
     def crash(self, error):
-        self._outcome.put(error)
+        self._end(error)
+
+    def _end(self, outcome):
+        self._outcome = outcome
+        self._ended.set()
 
 
 @pytest.fixture
@@ -185,7 +185,7 @@ def fake_runs(monkeypatch):
         made.append(FakeRun(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(panel_module, "Run", make)
+    monkeypatch.setattr(panel_module, "start", make)
     return made
 
 
@@ -288,7 +288,7 @@ def test_a_run_that_cannot_start_is_shown_and_leaves_the_form_usable(panel, monk
     def refuse(*args, **kwargs):
         raise RuntimeError("another run is still active in this kernel")
 
-    monkeypatch.setattr(panel_module, "Run", refuse)
+    monkeypatch.setattr(panel_module, "start", refuse)
     panel.train_button.click()  # a click has nowhere to raise to
     assert "RuntimeError: another run is still active" in panel.message.value
     assert panel.runs == [] and not panel.active and _locked(panel) == (False, False, False, True)
@@ -351,7 +351,7 @@ def _fail_on_rank_one(corpus, learning_rate):
     dist.barrier()
 
 
-@pytest.mark.slow
+@pytest.mark.process
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_a_real_worker_failure_reaches_the_panel():
     panel = TrainingPanel(_fail_on_rank_one, corpus="this corpus", params={"learning_rate": 5e-3})
@@ -401,7 +401,7 @@ def _ok(result):
     return result
 
 
-@pytest.mark.slow
+@pytest.mark.kernel
 def test_train_and_stop_buttons_drive_a_real_run_in_a_kernel(tiny_model_path, tmp_path):
     with running_kernel(cwd=tmp_path) as kernel:
         shown = _ok(kernel.execute(SETUP.format(model=tiny_model_path, out=str(tmp_path / "out")), timeout=120))

@@ -3,6 +3,8 @@
 import time
 
 import psutil
+import pytest
+
 from browser import lab, page  # noqa: F401 - fixtures
 from browser import needs_browser, open_notebook, run_all_cells, screenshot
 
@@ -46,6 +48,7 @@ def _workers_under(pid: int) -> list[str]:
 
 
 @needs_browser
+@pytest.mark.browser
 def test_train_and_stop_clicked_in_jupyterlab(lab, page):
     lab.write_notebook("panel", [PANEL_CELL])
     open_notebook(page, lab, "panel")

@@ -110,8 +110,9 @@ def test_flair_model_travels_through_flair_save_and_arrives_on_cpu(tmp_path, tin
 def test_result_round_trip_of_plain_data(tmp_path):
     value = {"scores": [0.5, 0.75], "text": "é" * 10}
     payload.write_result(tmp_path / "r.pkl", value)
-    assert payload.read_result(tmp_path / "r.pkl") == value
-    assert json.dumps(value)  # sanity: plain data stays plain
+    back = payload.read_result(tmp_path / "r.pkl")
+    assert back == value and type(back["scores"]) is list  # plain data stays plain: no wrapper types
+    assert json.dumps(back) == json.dumps(value)
 
 
 def test_returned_model_moves_a_gpu_notebook_to_cpu(tmp_path, tiny_model_path, monkeypatch):
@@ -135,3 +136,19 @@ def test_returned_model_moves_a_gpu_notebook_to_cpu(tmp_path, tiny_model_path, m
     sentence = Sentence("a superb film")
     back.predict(sentence)
     assert sentence.get_label("sentiment").value in {"POSITIVE", "NEGATIVE"}
+
+
+def test_each_rank_checks_the_bytes_it_read_and_does_not_re_encode(monkeypatch):
+    import hashlib
+
+    from flair_nbddp import codec
+    from flair_nbddp.errors import CorpusMismatchError
+    from flair_nbddp.synthetic import ner_corpus
+
+    data = codec.encode(ner_corpus(n_train=10, n_dev=2, n_test=2))
+    monkeypatch.setattr(codec, "fingerprint", lambda corpus: pytest.fail("a rank re-encoded the corpus"))
+    corpus = payload.rebuild_corpus(data, hashlib.sha256(data).hexdigest())
+    assert len(corpus.train) == 10
+    damaged = data[:-1] + bytes([data[-1] ^ 1])
+    with pytest.raises(CorpusMismatchError, match="differs from the one packed in the notebook"):
+        payload.rebuild_corpus(damaged, hashlib.sha256(data).hexdigest())

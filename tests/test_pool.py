@@ -11,11 +11,11 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from flair_nbddp import Run, WorkerError, WorkerPool
+from flair_nbddp import PoolClosedError, WorkerError, WorkerPool, start
 from conftest import wait_for
 from training_jobs import train_sentiment
 
-pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+pytestmark = [pytest.mark.process, pytest.mark.usefixtures("no_leftover_processes")]
 TESTS = os.path.dirname(os.path.abspath(__file__))
 NOTEBOOK_CELL = """
 import os
@@ -45,6 +45,13 @@ def _boom():
     raise ValueError("job failed")
 
 
+def _say(word):
+    import torch.distributed as dist
+
+    print(f"{word}-{dist.get_rank()}", flush=True)
+    return word
+
+
 @pytest.fixture
 def pool():
     with WorkerPool(processes=2, device="cpu") as pool:
@@ -66,6 +73,18 @@ def test_jobs_reuse_the_same_processes_and_do_not_leak_into_each_other(pool):
     with pytest.raises(ValueError, match="the warm pool runs 2 × cpu, not 1 × cpu: leave processes/device out"):
         pool.launch(_identity_and_state, dashboard=False, processes=1)
     assert pool.launch(_identity_and_state, dashboard=False, device="cpu", processes=2).value[0] == pid1
+
+
+def test_each_job_on_a_pool_has_its_own_run_directory_and_logs(pool, tmp_path):
+    first = pool.launch(_say, args=("first",), dashboard=False)
+    second = pool.launch(_say, args=("second",), dashboard=False, run_dir=tmp_path / "mine")
+    assert second.run_dir == tmp_path / "mine" and first.run_dir != second.run_dir != pool.run_dir
+    assert second.log == "second-0"  # rank 0's output of this job only
+    for rank in (0, 1):
+        first_lines = first.log_files[rank].read_text().splitlines()
+        assert f"first-{rank}" in first_lines and not any("second" in line for line in first_lines)
+        assert second.log_files[rank].read_text().splitlines() == [f"second-{rank}"]
+        assert second.log_files[rank].parent == tmp_path / "mine"
 
 
 def test_failed_job_recycles_the_workers_and_says_so(pool, capsys):
@@ -99,7 +118,7 @@ def test_training_twice_on_warm_workers_then_a_stopped_job_recycles_them(pool, t
     assert second.time_to_first_batch < first.time_to_first_batch
 
     # a stopped job (Stop in the dashboard or panel) leaves its workers to be recycled
-    run = Run(train_sentiment, (tiny_model_path, str(tmp_path / "c")), {"docs": 96}, pool.plan, pool=pool).start()
+    run = start(train_sentiment, (tiny_model_path, str(tmp_path / "c")), {"docs": 96}, pool=pool)
     wait_for(lambda: run.state.snapshot().batch >= 2, 120, "training to start")
     run.stop()
     assert run.wait().status == "stopped"
@@ -115,7 +134,7 @@ def test_closing_ends_the_workers():
     workers = [psutil.Process(pid) for pid in pool.pids]
     pool.close()
     assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(PoolClosedError, match="closed"):
         pool.launch(_boom)
 
 

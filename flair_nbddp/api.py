@@ -1,0 +1,171 @@
+"""The user-facing way to run: :func:`launch`, :func:`launch_distributed` and :func:`start`.
+
+Every run of the kit starts here, whoever asks (a cell, ``%%ddp_train``, the panel, a pool's ``launch``):
+the devices or the pool are checked, a :class:`~flair_nbddp.Run` is built on its worker source, and
+:func:`launch` shows it in the view that fits (picked before any worker starts) while it waits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from .dashboard import open_view
+from .devices import resolve_devices
+from .errors import DeviceError
+from .result import RunResult
+from .run import DEFAULT_HANG_TIMEOUT, DEFAULT_STOP_TIMEOUT, Run
+from .sources import ColdWorkers, WorkerSource
+
+
+def _build(
+    fn: Callable, args: tuple, kwargs: dict | None, processes: int | None, device: str | None,
+    pool: WorkerSource | None, **run_options: Any,
+) -> Run:  # fmt: skip
+    """A run, not started yet, on ``pool`` (checked against ``processes``/``device``) or on cold workers;
+    ``run_options`` are :class:`Run`'s (seed, timeout, stop_timeout, hang_timeout, run_dir)."""
+    if pool is None:
+        source: WorkerSource = ColdWorkers(resolve_devices(device, processes))
+    else:
+        mismatch = pool.plan.mismatch(processes, device)
+        if mismatch:
+            raise DeviceError(
+                f"the warm pool runs {mismatch}: leave processes/device out to run on it, or run without the pool "
+                "(launch without pool=, or '%ddp_pool stop' in a notebook)"
+            )
+        source = pool
+    return Run(fn, args, kwargs or {}, source, **run_options)
+
+
+def start(
+    fn: Callable,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    *,
+    processes: int | None = None,
+    device: str | None = None,
+    timeout: float | None = None,
+    stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+    hang_timeout: float | None = DEFAULT_HANG_TIMEOUT,
+    seed: int | None = None,
+    run_dir: str | Path | None = None,
+    pool: WorkerSource | None = None,
+) -> Run:
+    """Start ``fn(*args, **kwargs)`` on every device and return the running :class:`~flair_nbddp.Run` at once.
+
+    For code that must not block (a widget, a loop that watches several things). Arguments and errors as
+    for :func:`launch`; nothing is shown: read ``run.state.snapshot()``, or show a
+    :class:`~flair_nbddp.dashboard.Dashboard` of it.
+
+    Example::
+
+        run = start(train, (corpus,), processes=2)
+        run.state.snapshot().status  # 'running'
+        run.stop()
+        run.wait().status  # 'stopped'
+    """
+    return _build(
+        fn, args, kwargs, processes, device, pool, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
+        hang_timeout=hang_timeout, run_dir=run_dir,
+    ).start()  # fmt: skip
+
+
+def launch(
+    fn: Callable,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    *,
+    processes: int | None = None,
+    device: str | None = None,
+    timeout: float | None = None,
+    stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+    hang_timeout: float | None = DEFAULT_HANG_TIMEOUT,
+    seed: int | None = None,
+    dashboard: bool | None = None,
+    run_dir: str | Path | None = None,
+    pool: WorkerSource | None = None,
+) -> RunResult:
+    """Run ``fn(*args, **kwargs)`` on one process per device and return a :class:`RunResult`.
+
+    ``fn`` may be defined in a notebook cell, close over notebook variables, and receive a flair corpus
+    built in the notebook; it runs inside an initialised process group, so flair's
+    ``.train(..., multi_gpu=True)`` works in it.
+
+    Interrupting the kernel (or ``run.stop()``, or the panel's Stop) stops gracefully: every rank stops after
+    the same batch, flair saves ``final-model.pt``, and ``launch`` *returns* a result with
+    ``status == "stopped"`` and its ``checkpoint``. A second interrupt ends the workers at once and raises
+    ``KeyboardInterrupt``.
+
+    Args:
+        fn: the function every rank runs.
+        args, kwargs: its arguments (packed once, read by every rank).
+        processes: number of processes; default every visible GPU, else 2 CPU processes
+            (or ``$FLAIR_NBDDP_PROCESSES``).
+        device: ``"cuda"`` (NCCL), ``"cpu"`` (gloo), or None for CUDA when GPUs are visible
+            (or ``$FLAIR_NBDDP_DEVICE``).
+        timeout: seconds after which the run is ended and :class:`RunTimeoutError` raised.
+        stop_timeout: seconds a graceful stop may take before the workers are ended.
+        hang_timeout: seconds without progress on any rank (no training step, an unchanged call stack)
+            after which the run is ended with :class:`RunHangError` showing every rank's stack; None: off.
+            A rank stuck in a collective or a tight loop has an unchanging stack; one that loops through
+            different Python functions (polling, retrying) looks busy to it: ``timeout`` bounds those.
+        seed: the seed given to every rank (``flair.set_seed``); if None, ``$FLAIR_NBDDP_SEED`` or a random
+            one. Kept in the result.
+        dashboard: None shows the live widget dashboard in a notebook (plain progress lines and rank 0's
+            log elsewhere); True insists on the widget; False shows nothing but rank 0's log lines.
+        run_dir: the run's directory (logs, payload, result); default a new private one under
+            ``$FLAIR_NBDDP_RUNS`` or the temporary directory. On a pool too: each run has its own.
+        pool: run on these warm workers instead of starting new ones (a :class:`~flair_nbddp.WorkerPool`,
+            or any :class:`~flair_nbddp.sources.WorkerSource`); ``processes``/``device``, if given, must match.
+
+    Raises:
+        WorkerError: a rank failed (``.rank``, the remote traceback, ``.result`` with the logs).
+        RunTimeoutError, RunHangError: the run exceeded ``timeout`` / made no progress.
+        ShippingError: ``fn`` or an argument cannot be sent to the workers (names which one).
+        DeviceError: impossible devices or process counts, or ones a given ``pool`` does not have.
+        DashboardUnavailableError: ``dashboard=True`` outside a Jupyter kernel.
+        RunActiveError: another run of this kernel is still active.
+        Each before any worker starts, except the first two. All derive from :class:`FlairNbddpError`.
+
+    Example::
+
+        def train(corpus):
+            trainer = ModelTrainer(make_classifier(corpus), corpus)
+            return trainer.train("out", max_epochs=2, multi_gpu=True)
+        result = launch(train, args=(corpus,), processes=2)
+        result.value["test_score"], result.world_size  # (0.91, 2)
+    """
+    run = _build(
+        fn, args, kwargs, processes, device, pool, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
+        hang_timeout=hang_timeout, run_dir=run_dir,
+    )  # fmt: skip
+    view = open_view(run, dashboard)  # before any worker starts: an impossible view must not cost a start
+    run.start()
+    try:
+        view.start()
+        result = run.wait(on_tick=view.poll)
+    except BaseException as error:
+        if run.active:  # the view failed, or an interrupt came before the run was watched: end it here
+            run.kill()
+        view.finish(None, error)
+        raise
+    view.finish(result, result.error)
+    if result.error is not None:
+        raise result.error
+    return result
+
+
+def launch_distributed(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Drop-in for ``flair.distributed_utils.launch_distributed``: run ``fn`` on every device, return rank 0's value.
+
+    Unlike flair's, it works from a notebook, picks a free port, shows the run in the cell (the live
+    dashboard in a notebook, rank 0's log and progress lines elsewhere), returns results of any size (a
+    flair model arrives usable, on CPU), and raises :class:`WorkerError` as soon as a rank fails. Use
+    :func:`launch` for options and the full :class:`RunResult`.
+
+    Example::
+
+        from flair_nbddp import launch_distributed
+        scores = launch_distributed(train, corpus)
+    """
+    return launch(fn, args, kwargs).value

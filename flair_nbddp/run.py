@@ -1,0 +1,297 @@
+"""One run: ``fn(*args, **kwargs)`` on every rank a worker source gives, from start to result.
+
+A :class:`Run` packs the call once into its run directory, asks its
+:class:`~flair_nbddp.sources.WorkerSource` for ranks, and leaves the watching to a
+:class:`~flair_nbddp.supervisor.Supervisor`. It imports no UI: views read its ``state``; the
+user-facing functions (:func:`flair_nbddp.launch`, :func:`flair_nbddp.start`) build it.
+
+Example::
+
+    from flair_nbddp import start
+    run = start(train, (corpus,))
+    run.state.snapshot().status  # 'running'
+    run.stop()
+    run.wait().status  # 'stopped'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from . import payload
+from .devices import DevicePlan
+from .errors import (
+    ConfigurationError,
+    NotCallableError,
+    RunActiveError,
+    RunStateError,
+    ShippingError,
+    StillRunningError,
+)
+from .events import Job
+from .result import RunResult
+from .rundir import LogTail, RunDir
+from .sources import RankGroup, WorkerSource
+from .state import RunState
+from .supervisor import Limits, Supervisor
+
+SEED_ENV = "FLAIR_NBDDP_SEED"
+DEFAULT_STOP_TIMEOUT = 30.0
+DEFAULT_HANG_TIMEOUT = 300.0
+TICK_SECONDS = 0.1
+_RUNS: list[Run] = []  # every run started in this process, oldest first (for %ddp_info)
+_STARTING = threading.Lock()
+
+
+def default_seed() -> int:
+    """``$FLAIR_NBDDP_SEED`` when set (reproducible runs without editing a notebook), else a random seed.
+
+    Example:
+        >>> 0 <= default_seed() < 2**31                      # with FLAIR_NBDDP_SEED unset: a random seed
+        True
+    """
+    value = os.environ.get(SEED_ENV, "").strip()
+    if not value:
+        return random.randrange(2**31)
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigurationError(
+            f"{SEED_ENV}={value!r} is not a whole number: set it to one (e.g. 0), or unset it for a random seed per run"
+        ) from None
+
+
+def runs() -> list[Run]:
+    """Every run started in this process (this kernel), oldest first."""
+    return list(_RUNS)
+
+
+class Run:
+    """One distributed execution of ``fn(*args, **kwargs)`` on the ranks of ``source``: start, watch, stop, end.
+
+    Build one with :func:`flair_nbddp.start` (or let :func:`flair_nbddp.launch` do it); ``start()`` returns at
+    once, ``wait()`` blocks until the :class:`~flair_nbddp.RunResult`, ``stop()`` asks every rank to stop
+    after the same batch.
+
+    Args:
+        fn, args, kwargs: the call every rank makes (packed once, read by every rank).
+        source: where the ranks come from (:class:`~flair_nbddp.sources.ColdWorkers`, a
+            :class:`~flair_nbddp.WorkerPool`, or any :class:`~flair_nbddp.sources.WorkerSource`).
+        seed, timeout, stop_timeout, hang_timeout, run_dir: as for :func:`flair_nbddp.launch`.
+
+    Raises:
+        NotCallableError: ``fn`` is not callable.
+    """
+
+    def __init__(
+        self,
+        fn: Callable,
+        args: tuple,
+        kwargs: dict,
+        source: WorkerSource,
+        *,
+        seed: int | None = None,
+        timeout: float | None = None,
+        stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+        hang_timeout: float | None = DEFAULT_HANG_TIMEOUT,
+        run_dir: str | Path | None = None,
+    ) -> None:
+        if not callable(fn):
+            raise NotCallableError(f"fn must be callable (a function to run on every rank), not {type(fn).__name__}")
+        self.name = getattr(fn, "__name__", type(fn).__name__)
+        self.source, self.seed = source, default_seed() if seed is None else int(seed)
+        self._call: tuple | None = (fn, tuple(args), dict(kwargs or {}))  # dropped once packed: no corpus kept
+        self.limits = Limits(timeout, stop_timeout, hang_timeout)
+        self._run_dir_wanted = run_dir
+        self.dir: RunDir | None = None  # created by start()
+        self.state = RunState(world_size=self.plan.world_size, device_type=self.plan.device_type)
+        self.group: RankGroup | None = None
+        self._supervisor: Supervisor | None = None
+        self._result: RunResult | None = None
+        self._released = False
+        self._finishing = threading.Lock()
+
+    @property
+    def plan(self) -> DevicePlan:
+        """The :class:`~flair_nbddp.devices.DevicePlan` the run uses (its source's)."""
+        return self.source.plan
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The run's private directory: logs, payload, result (None before ``start()``)."""
+        return None if self.dir is None else self.dir.path
+
+    @property
+    def log_files(self) -> dict[int, Path]:
+        """Each rank's full output during this run (empty before ``start()``)."""
+        return {} if self.dir is None else self.dir.logs(self.plan.world_size)
+
+    @property
+    def active(self) -> bool:
+        """True from ``start()`` until the run has ended, its ranks were given back and its result collected."""
+        return self._supervisor is not None and self._result is None
+
+    # -- starting ---------------------------------------------------------------------------------
+    def start(self) -> Run:
+        """Pack the call, hand it to the source's ranks and start watching them; returns at once.
+
+        Raises:
+            RunStateError: the run was started before.
+            RunActiveError: another run of this process is still active (runs share the devices).
+            ShippingError: ``fn`` or an argument cannot be pickled (nothing was started).
+            PayloadWriteError: the payload cannot be written, e.g. the disk is full (nothing was started).
+            PoolClosedError: the source is a closed pool.
+        """
+        with _STARTING:  # one check-and-register at a time: two threads cannot both see "nothing active"
+            if self._supervisor is not None or self.state.ended_at is not None:
+                raise RunStateError("this Run was started already: a Run runs once; start a new one")
+            active = [run for run in _RUNS if run.active]
+            if active:
+                since = time.strftime("%H:%M:%S", time.localtime(active[0].state.started_at))
+                raise RunActiveError(
+                    f"another run is still active in this kernel (started {since}, status "
+                    f"{active[0].state.snapshot().status}); both would compete for the same devices. "
+                    "Wait for it to end, or stop it first (run.stop(), the kernel's interrupt, or the panel's Stop)."
+                )
+            self._start()
+        return self
+
+    def _start(self) -> None:
+        self.dir = RunDir.create(self._run_dir_wanted)
+        try:
+            payload.write_payload(self.dir.payload, *self._call)
+            self._call = None
+            job = Job(str(self.dir.payload), str(self.dir.result), self.seed, str(self.run_dir))
+            tail = LogTail(self.dir.log(0))  # from here: a reused run_dir's earlier output is not this run's
+            self.group = self.source.acquire(job)  # all or nothing: a source that raises has cleaned up
+            supervisor = Supervisor(self.group, self.state, self.limits, self.dir, tail)
+            supervisor.start()
+            self._supervisor = supervisor
+            _RUNS.append(self)
+        except BaseException:  # an interrupt right here must not leave workers behind
+            if self.group is not None and self._supervisor is None:
+                self.group.terminate()
+                self.source.release(clean=False, reason="failed to start")
+            self.state.end("failed")
+            self.dir.remove_job_files()
+            raise
+
+    # -- stopping ---------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask every rank to stop gracefully after the current batch; returns at once.
+
+        flair then saves ``final-model.pt`` in its ``base_path`` (the result's ``checkpoint``) and returns,
+        skipping its final test evaluation. Ranks not inside flair training by ``stop_timeout`` seconds are ended.
+        """
+        if self._supervisor is not None:
+            self._supervisor.request_stop()
+
+    def kill(self) -> RunResult:
+        """End every worker now (SIGTERM, then SIGKILL after a second) and collect what there is.
+
+        A run that has ended already is left alone (its ranks may be a pool's, running the next job).
+        """
+        supervisor = self._started()
+        if self._result is None:
+            supervisor.end_now()
+        return self._finish()
+
+    # -- waiting ----------------------------------------------------------------------------------
+    def wait(self, timeout: float | None = None, on_tick: Callable[[], None] | None = None) -> RunResult:
+        """Block until the run ends and return its :class:`~flair_nbddp.RunResult` (also when it failed or stopped).
+
+        Interrupts follow :func:`wait_for_end`: the first stops the run gracefully, a second ends every worker
+        and propagates. ``on_tick`` is called on this thread about ten times a second (a text view prints from
+        it). Several threads may wait for the same run; they get the same result.
+
+        Raises:
+            RunStateError: the run was never started.
+            StillRunningError: it did not end within ``timeout`` seconds (it goes on).
+        """
+        wait_for_end(self, self._started().done, timeout, on_tick)
+        result = self._finish()
+        if on_tick is not None:
+            with contextlib.suppress(KeyboardInterrupt):  # the run has ended: an interrupt now cannot cost it
+                on_tick()
+        return result
+
+    def _started(self) -> Supervisor:
+        if self._supervisor is None:
+            raise RunStateError("this Run was not started: call run.start() first (flair_nbddp.start(...) does both)")
+        return self._supervisor
+
+    def _finish(self) -> RunResult:
+        with self._finishing:
+            if self._result is None:
+                self._result = self._conclude(self._started())
+            return self._result
+
+    def _conclude(self, supervisor: Supervisor) -> RunResult:
+        error = supervisor.failure()
+        stopped = error is None and (supervisor.ended_by == "stop" or self.state.stop_requested)
+        value = None
+        try:
+            if error is None and self.state.result_path is not None:
+                value = payload.read_result(self.dir.result)
+        except Exception as failure:  # noqa: BLE001 - whatever it is, it becomes the run's error
+            error = ShippingError(
+                f"rank 0's return value could not be read back in the notebook ({type(failure).__name__}: "
+                f"{failure}); the run itself finished. Return plain data, a flair model, or a path to a file."
+            )
+        finally:  # even if interrupted here, the run ends and its ranks go back to their source, once
+            self.state.end("failed" if error else "stopped" if stopped else "finished")
+            self._release(clean=error is None and not stopped)
+        result = RunResult.from_run(self, value, error)
+        if error is not None:
+            error.result = result
+        return result
+
+    def _release(self, clean: bool) -> None:
+        if self._released:
+            return
+        self._released = True
+        try:
+            self.source.release(clean=clean, reason=self.state.status)
+        except KeyboardInterrupt:
+            pass  # it came after the run had ended (the release still completed): the result stands
+        finally:
+            self.dir.remove_job_files()
+
+
+def wait_for_end(
+    run: Run, ended: threading.Event, timeout: float | None = None, on_tick: Callable[[], None] | None = None
+) -> None:
+    """Wait until ``ended`` is set, on the kit's one interrupt ladder for ``run``.
+
+    A first ``KeyboardInterrupt`` (the kernel's Interrupt) asks every rank to stop after the same batch and
+    keeps waiting; one while a stop is already under way ends every worker at once and propagates.
+
+    Raises:
+        StillRunningError: ``ended`` was not set within ``timeout`` seconds (the run goes on).
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            while not ended.wait(TICK_SECONDS):
+                if on_tick is not None:
+                    on_tick()
+                if deadline is not None and time.monotonic() > deadline:
+                    raise StillRunningError(f"the run did not end within {timeout} s; it goes on")
+            return
+        except KeyboardInterrupt:
+            if not run.state.stop_requested:
+                print(
+                    "flair_nbddp: stopping after the current batch on every rank and saving the model "
+                    "(interrupt again to end the workers now)",
+                    flush=True,
+                )
+                run.stop()
+                continue
+            run.kill()
+            raise

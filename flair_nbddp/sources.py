@@ -1,0 +1,91 @@
+"""Where a run's ranks come from: the worker source protocol, and cold workers.
+
+A :class:`~flair_nbddp.run.Run` knows nothing of how its workers were started. It asks a
+:class:`WorkerSource` for a group of ranks running its :class:`~flair_nbddp.events.Job` and gives it
+back when the job is over. :class:`ColdWorkers` start a group for one job and end it afterwards;
+:class:`~flair_nbddp.WorkerPool` keeps its group for the next job. Another place for workers to live
+(a cluster) is a third source: ``Run``, the views, the magic and the panel stay as they are.
+
+Example:
+    >>> from flair_nbddp.devices import resolve_devices
+    >>> source = ColdWorkers(resolve_devices("cpu", 2))
+    >>> source.plan.world_size, isinstance(source, WorkerSource)
+    (2, True)
+"""
+
+from __future__ import annotations
+
+from multiprocessing.connection import Connection
+from typing import Any, Protocol, runtime_checkable
+
+from .devices import DevicePlan
+from .events import EXIT, Job
+from .group import TERMINATE_GRACE_SECONDS, WorkerGroup
+from .rundir import RunDir
+
+
+@runtime_checkable
+class RankGroup(Protocol):
+    """What a run needs of the ranks running its job.
+
+    Each rank's events arrive on ``connections[rank]`` (a closed channel means the rank is exiting), and
+    each rank writes its output to ``rank<r>.log`` in the job's run directory.
+    """
+
+    connections: list[Connection]
+    terminating: bool  # True once terminate() was called: exits after it are not the ranks' own doing
+
+    def send_all(self, message: Any) -> None:
+        """Send a request (STOP) to every rank."""
+
+    def dead_ranks(self) -> dict[int, int]:
+        """Ranks that have exited, with their exit codes (negative: killed by that signal)."""
+
+    def wait_exit(self, rank: int, timeout: float) -> int | None:
+        """A rank's exit code once it exited, waiting up to ``timeout`` s; None if it still runs."""
+
+    def collect_stacks(self) -> dict[int, str]:
+        """Every rank's Python stacks now, by rank (for the hang watchdog's report)."""
+
+    def terminate(self, grace: float = TERMINATE_GRACE_SECONDS) -> None:
+        """End every rank now: SIGTERM, then SIGKILL after ``grace`` seconds."""
+
+
+@runtime_checkable
+class WorkerSource(Protocol):
+    """Gives a run a group of ranks for one job, and takes it back."""
+
+    plan: DevicePlan
+
+    def acquire(self, job: Job) -> RankGroup:
+        """Hand ``job`` to a group of ``plan.world_size`` ranks and return that group; all or nothing (a source
+        that raises leaves no rank holding the job)."""
+
+    def release(self, clean: bool, reason: str) -> None:
+        """The job is over. ``clean``: it finished, and its ranks may take another job; else ``reason``
+        (its status) says why they must not (a stopped or failed job may leave a rank mid-collective)."""
+
+
+class ColdWorkers:
+    """A cold launch: a pool that runs one job and exits. Its workers start for the job, in the job's run
+    directory, are told to exit right behind the job (they leave as soon as it is done), and are ended
+    when the job is released if they have not."""
+
+    def __init__(self, plan: DevicePlan) -> None:
+        self.plan = plan
+        self._group: WorkerGroup | None = None
+
+    def acquire(self, job: Job) -> WorkerGroup:
+        group = WorkerGroup(self.plan, RunDir.create(job.run_dir)).start()
+        try:
+            group.submit(job)
+            group.send_all(EXIT)
+        except BaseException:  # all or nothing: no worker outlives a failed acquire
+            group.close(grace=0.0)
+            raise
+        self._group = group
+        return group
+
+    def release(self, clean: bool, reason: str) -> None:
+        if self._group is not None:
+            self._group.close(grace=TERMINATE_GRACE_SECONDS)

@@ -1,0 +1,196 @@
+"""A Run on a worker source of the test's own (no processes): the protocol, the defects it had, its limits."""
+
+import socket
+import threading
+import time
+from multiprocessing.connection import Connection
+
+import pytest
+
+import flair_nbddp
+from flair_nbddp import payload
+from flair_nbddp.devices import DevicePlan
+from flair_nbddp.errors import DashboardUnavailableError, RunHangError, RunStateError, StillRunningError
+from flair_nbddp.events import EventSender, Finished, Job, ResultReady, Started
+from flair_nbddp.run import Run, runs
+from conftest import wait_for
+
+
+class FakeRanks:
+    """A :class:`~flair_nbddp.sources.RankGroup` whose ranks are this test: it sends their events itself."""
+
+    def __init__(self, world_size: int) -> None:
+        pairs = [socket.socketpair() for _ in range(world_size)]
+        self.connections = [Connection(parent.detach()) for parent, _ in pairs]
+        self.ranks = [EventSender(Connection(child.detach())) for _, child in pairs]
+        self.terminating = False
+        self.requests: list = []
+
+    def send_all(self, message):
+        self.requests.append(message)
+
+    def dead_ranks(self):
+        return {}
+
+    def wait_exit(self, rank, timeout):
+        return -15 if self.terminating else 0
+
+    def collect_stacks(self):
+        return {rank: f'File "train.py", line 7 in spin (rank {rank})' for rank in range(len(self.ranks))}
+
+    def terminate(self, grace=0.0):
+        if not self.terminating:
+            self.terminating = True
+            for rank in self.ranks:
+                rank.connection.close()
+
+
+class FakeSource:
+    """A :class:`~flair_nbddp.sources.WorkerSource` of :class:`FakeRanks`, recording what the run asked of it."""
+
+    def __init__(self, world_size: int = 2) -> None:
+        self.plan = DevicePlan("cpu", world_size, "gloo")
+        self.jobs: list[Job] = []
+        self.releases: list[tuple[bool, str]] = []
+        self.ranks: FakeRanks | None = None
+
+    def acquire(self, job):
+        self.jobs.append(job)
+        self.ranks = FakeRanks(self.plan.world_size)
+        return self.ranks
+
+    def release(self, clean, reason):
+        self.releases.append((clean, reason))
+
+
+def double(x):
+    return 2 * x
+
+
+@pytest.fixture
+def source():
+    return FakeSource()
+
+
+def finish(source: FakeSource, value) -> None:
+    """What the ranks of a finished job send; rank 0 writes the value where the job says."""
+    [job] = source.jobs
+    for rank, sender in enumerate(source.ranks.ranks):
+        sender.send(Started(rank, pid=100 + rank, device="cpu"))
+    payload.write_result(job.result, value)
+    source.ranks.ranks[0].send(ResultReady(0, job.result))
+    for rank, sender in enumerate(source.ranks.ranks):
+        sender.send(Finished(rank))
+
+
+def test_a_run_needs_nothing_of_its_source_but_the_protocol(source, tmp_path):
+    run = Run(double, (21,), {}, source, seed=3, run_dir=tmp_path / "run").start()
+    [job] = source.jobs
+    assert (job.seed, job.run_dir) == (3, str(tmp_path / "run"))
+    assert payload.read_payload(job.payload)[1] == (21,)  # the call, packed once for every rank
+    finish(source, 42)
+    result = run.wait(timeout=10)
+    assert (result.status, result.value, result.world_size, result.seed) == ("finished", 42, 2, 3)
+    assert source.releases == [(True, "finished")]  # its ranks may take the next job
+    assert result.log_files == {rank: tmp_path / "run" / f"rank{rank}.log" for rank in (0, 1)}
+    assert not (tmp_path / "run" / "payload.pkl").exists() and not (tmp_path / "run" / "result.pkl").exists()
+
+
+def test_several_threads_waiting_for_one_run_get_the_same_result(source):
+    run = Run(double, (1,), {}, source).start()
+    results = []
+    waiters = [threading.Thread(target=lambda: results.append(run.wait(timeout=10))) for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+    finish(source, 2)
+    for waiter in waiters:
+        waiter.join()
+    assert len(results) == 3 and all(result is results[0] for result in results)
+    assert source.releases == [(True, "finished")]  # released once
+
+
+def test_wait_before_start_is_refused_at_once(source):
+    run = Run(double, (1,), {}, source)
+    started = time.monotonic()
+    with pytest.raises(RunStateError, match="not started: call run.start"):
+        run.wait()
+    assert time.monotonic() - started < 1 and source.jobs == []
+
+
+def test_a_run_starts_once(source):
+    run = Run(double, (1,), {}, source).start()
+    with pytest.raises(RunStateError, match="started already"):
+        run.start()
+    finish(source, 2)
+    run.wait(timeout=10)
+
+
+def test_wait_with_a_timeout_leaves_the_run_going(source):
+    run = Run(double, (1,), {}, source).start()
+    with pytest.raises(StillRunningError, match="did not end within 0.2 s"):
+        run.wait(timeout=0.2)
+    assert run.active
+    finish(source, 2)
+    assert run.wait(timeout=10).value == 2
+
+
+def test_an_impossible_dashboard_is_refused_before_the_source_is_asked(source):
+    before = len(runs())
+    with pytest.raises(DashboardUnavailableError, match="needs a Jupyter kernel"):
+        flair_nbddp.launch(double, (1,), dashboard=True, pool=source)
+    assert source.jobs == [] and len(runs()) == before
+
+
+def test_the_log_of_a_run_nobody_waits_for_stays_bounded(source):
+    run = Run(double, (1,), {}, source).start()
+    limit = run.state.max_log_lines
+    with open(run.log_files[0], "a") as log:
+        log.writelines(f"line {i}\n" for i in range(limit + 5000))
+    wait_for(lambda: run.state.log_since(0)[1] == limit + 5000, 20, "the supervisor to read the log")
+    assert len(run.state.snapshot().log_lines) == limit
+    lines, cursor = run.state.log_since(0)
+    assert (lines[0], lines[-1], cursor) == ("line 5000", f"line {limit + 4999}", limit + 5000)
+    finish(source, 2)
+    assert run.wait(timeout=10).log.count("\n") == limit - 1
+
+
+def test_the_hang_watchdog_ends_the_run_without_copying_snapshots(source):
+    run = Run(double, (1,), {}, source, hang_timeout=0.5).start()
+    snapshots = []
+    take_snapshot = run.state.snapshot
+    run.state.snapshot = lambda: snapshots.append(1) or take_snapshot()
+    for rank, sender in enumerate(source.ranks.ranks):
+        sender.send(Started(rank, pid=100 + rank, device="cpu"))
+    assert run._supervisor.done.wait(20), "the watchdog did not end the run"
+    assert snapshots == []  # ten checks a second for 0.5 s, and none copied the run's metrics and log
+    result = run.wait(timeout=10)
+    assert result.status == "failed" and isinstance(result.error, RunHangError)
+    assert "line 7 in spin (rank 1)" in str(result.error) and source.ranks.terminating
+    assert source.releases == [(False, "failed")]
+
+
+def test_a_result_that_cannot_be_read_fails_the_run_and_frees_the_kernel(source):
+    run = Run(double, (1,), {}, source).start()
+    [job] = source.jobs
+    finish(source, 2)
+    with open(job.result, "wb") as damaged:  # what rank 0 wrote, now unreadable
+        damaged.write(b"not a pickle")
+    result = run.wait(timeout=10)
+    assert result.status == "failed" and "could not be read back in the notebook" in str(result.error)
+    assert source.releases == [(False, "failed")] and not run.active  # the next run may start
+
+
+def test_kill_after_the_end_leaves_the_ranks_alone(source):
+    run = Run(double, (1,), {}, source).start()
+    finish(source, 2)
+    result = run.wait(timeout=10)
+    assert run.kill() is result and not source.ranks.terminating  # they may be a pool's, on its next job
+
+
+def test_a_reused_run_directory_shows_only_this_runs_output(source, tmp_path):
+    (tmp_path / "rank0.log").write_text("an earlier run's line\n")
+    run = Run(double, (1,), {}, source, run_dir=tmp_path).start()
+    with open(run.log_files[0], "a") as log:
+        log.write("this run's line\n")
+    finish(source, 2)
+    assert run.wait(timeout=10).log == "this run's line"
