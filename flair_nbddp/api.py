@@ -140,14 +140,17 @@ def launch(
         hang_timeout=hang_timeout, run_dir=run_dir,
     )  # fmt: skip
     view = open_view(run, dashboard)  # before any worker starts: an impossible view must not cost a start
-    run.start()
+    shown = False  # a run that never started has nothing to show
     try:
+        run.start()
+        shown = True
         view.start()
         result = run.wait(on_tick=view.poll)
     except BaseException as error:
         if run.active:  # the view failed, or an interrupt came before the run was watched: end it here
             run.kill()
-        view.finish(None, error)
+        if shown:
+            view.finish(None, error)
         raise
     view.finish(result, result.error)
     if result.error is not None:

@@ -170,16 +170,19 @@ class Run:
             job = Job(str(self.dir.payload), str(self.dir.result), self.seed, str(self.run_dir))
             tail = LogTail(self.dir.log(0))  # from here: a reused run_dir's earlier output is not this run's
             self.group = self.source.acquire(job)  # all or nothing: a source that raises has cleaned up
-            supervisor = Supervisor(self.group, self.state, self.limits, self.dir, tail)
-            supervisor.start()
-            self._supervisor = supervisor
+            self._supervisor = Supervisor(self.group, self.state, self.limits, self.dir, tail)
             _RUNS.append(self)
-        except BaseException:  # an interrupt right here must not leave workers behind
-            if self.group is not None and self._supervisor is None:
-                self.group.terminate()
-                self.source.release(clean=False, reason="failed to start")
-            self.state.end("failed")
-            self.dir.remove_job_files()
+            self._supervisor.start()
+        except BaseException:  # an interrupt right here must leave no worker, thread or descriptor behind
+            if self._supervisor is not None and self._supervisor.started:
+                self.kill()  # ends the ranks, concludes the run and gives them back
+            else:
+                self._supervisor = None
+                if self.group is not None:
+                    self.group.terminate()
+                    self.source.release(clean=False, reason="failed to start")
+                self.state.end("failed")
+                self.dir.remove_job_files()
             raise
 
     # -- stopping ---------------------------------------------------------------------------------

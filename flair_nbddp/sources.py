@@ -76,8 +76,9 @@ class ColdWorkers:
         self._group: WorkerGroup | None = None
 
     def acquire(self, job: Job) -> WorkerGroup:
-        group = WorkerGroup(self.plan, RunDir.create(job.run_dir)).start()
+        group = WorkerGroup(self.plan, RunDir.create(job.run_dir))
         try:
+            group.start()
             group.submit(job)
             group.send_all(EXIT)
         except BaseException:  # all or nothing: no worker outlives a failed acquire

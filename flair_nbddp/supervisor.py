@@ -50,6 +50,11 @@ class Supervisor:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def started(self) -> bool:
+        """The watching thread was started."""
+        return self._thread.ident is not None
+
     # -- watching ---------------------------------------------------------------------------------
     def _watch(self) -> None:
         open_connections = {connection: rank for rank, connection in enumerate(self.group.connections)}
