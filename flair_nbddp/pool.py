@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from . import api
 from .devices import DevicePlan, resolve_devices
-from .errors import PoolClosedError, RunActiveError
+from .errors import PoolClosedError
 from .events import Job
 from .group import WorkerGroup
 from .result import RunResult
@@ -62,7 +62,6 @@ class WorkerPool:
         self.notes: list[str] = []  # what the pool did on its own (recycling), newest last
         self._group: WorkerGroup | None = None
         self._needs_recycle: str | None = None
-        self._busy = False  # a job was handed out and not released yet
         self._lock = threading.Lock()
         self._closed = False
 
@@ -77,13 +76,10 @@ class WorkerPool:
 
         Raises:
             PoolClosedError: the pool was closed.
-            RunActiveError: the pool is running another job.
         """
         with self._lock:
             if self._closed:
                 raise PoolClosedError("this WorkerPool is closed: start a new one (WorkerPool(...) or %ddp_pool start)")
-            if self._busy:
-                raise RunActiveError("this WorkerPool is running another job: wait for it to end, or stop it")
             group, reason = self._group, self._needs_recycle
             if group is not None and reason is None and not group.alive:
                 reason = f"worker(s) {sorted(group.dead_ranks())} had exited"
@@ -101,15 +97,13 @@ class WorkerPool:
                 self._group.terminate()
                 self._needs_recycle = "a job could not be handed to every worker"
                 raise
-            self._busy = True
             self.jobs_run += 1
             return self._group
 
     def release(self, clean: bool, reason: str) -> None:
         """A job ended; an unclean end (failed, stopped) recycles the workers before the next job."""
-        with self._lock:
-            self._busy = False
-            if not clean:
+        if not clean:
+            with self._lock:
                 self._needs_recycle = f"the last job {reason}"
                 if self._group is not None:
                     self._group.terminate()

@@ -89,4 +89,4 @@ class ColdWorkers:
 
     def release(self, clean: bool, reason: str) -> None:
         if self._group is not None:
-            self._group.close(grace=TERMINATE_GRACE_SECONDS)
+            self._group.close()
