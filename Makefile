@@ -4,9 +4,10 @@
 # and for the inner loop: make test-fast - the fast tier (no processes, kernels or browser) and the doctests
 VENV        := .venv
 PY          := $(VENV)/bin/python
-# torch first and pinned: on this project's machines it is a CPU build already on disk; on a GPU machine
-# install your CUDA build of torch into .venv first (any torch>=2.2 satisfies the project).
-TORCH_SPEC  ?= torch==2.13.0
+# torch first, only when .venv has none, as `pip install $(TORCH)`: pip takes it from its index (PyPI's Linux
+# build bundles CUDA and also runs on CPU; this project's machines serve a CPU build from disk). To choose,
+# install your torch into .venv first, or e.g. make demo TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
+TORCH       ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
 
 .PHONY: demo test test-fast venv
@@ -16,7 +17,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 

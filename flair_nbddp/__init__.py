@@ -25,6 +25,7 @@ from .errors import (
     RunTimeoutError,
     ShippingError,
     StillRunningError,
+    UnsupportedPlatformError,
     WorkerError,
 )
 from .panel import TrainingPanel
@@ -51,6 +52,7 @@ __all__ = [
     "ShippingError",
     "StillRunningError",
     "TrainingPanel",
+    "UnsupportedPlatformError",
     "WorkerError",
     "WorkerPool",
     "launch",

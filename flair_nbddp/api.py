@@ -7,6 +7,7 @@ the devices or the pool are checked, a :class:`~flair_nbddp.Run` is built on its
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,18 +21,18 @@ from .sources import ColdWorkers, WorkerSource
 
 def _build(
     fn: Callable, args: tuple, kwargs: dict | None, processes: int | None, device: str | None,
-    pool: WorkerSource | None, **run_options: Any,
+    gpus: Sequence[int] | None, pool: WorkerSource | None, **run_options: Any,
 ) -> Run:  # fmt: skip
-    """A run, not started yet, on ``pool`` (checked against ``processes``/``device``) or on cold workers;
-    ``run_options`` are :class:`Run`'s (seed, timeout, stop_timeout, hang_timeout, run_dir)."""
+    """A run, not started yet, on ``pool`` (checked against ``processes``/``device``/``gpus``) or on cold
+    workers; ``run_options`` are :class:`Run`'s (seed, timeout, stop_timeout, hang_timeout, run_dir)."""
     if pool is None:
-        source: WorkerSource = ColdWorkers(resolve_devices(device, processes))
+        source: WorkerSource = ColdWorkers(resolve_devices(device, processes, gpus))
     else:
-        mismatch = pool.plan.mismatch(processes, device)
+        mismatch = pool.plan.mismatch(processes, device, gpus)
         if mismatch:
             raise DeviceError(
-                f"the warm pool runs {mismatch}: leave processes/device out to run on it, or run without the pool "
-                "(launch without pool=, or '%ddp_pool stop' in a notebook)"
+                f"the warm pool runs {mismatch}: leave processes/device/gpus out to run on it, or run without the "
+                "pool (launch without pool=, or '%ddp_pool stop' in a notebook)"
             )
         source = pool
     return Run(fn, args, kwargs or {}, source, **run_options)
@@ -44,6 +45,7 @@ def start(
     *,
     processes: int | None = None,
     device: str | None = None,
+    gpus: Sequence[int] | None = None,
     timeout: float | None = None,
     stop_timeout: float = DEFAULT_STOP_TIMEOUT,
     hang_timeout: float | None = DEFAULT_HANG_TIMEOUT,
@@ -65,7 +67,7 @@ def start(
         run.wait().status  # 'stopped'
     """
     return _build(
-        fn, args, kwargs, processes, device, pool, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
+        fn, args, kwargs, processes, device, gpus, pool, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
         hang_timeout=hang_timeout, run_dir=run_dir,
     ).start()  # fmt: skip
 
@@ -77,6 +79,7 @@ def launch(
     *,
     processes: int | None = None,
     device: str | None = None,
+    gpus: Sequence[int] | None = None,
     timeout: float | None = None,
     stop_timeout: float = DEFAULT_STOP_TIMEOUT,
     hang_timeout: float | None = DEFAULT_HANG_TIMEOUT,
@@ -103,6 +106,8 @@ def launch(
             (or ``$FLAIR_NBDDP_PROCESSES``).
         device: ``"cuda"`` (NCCL), ``"cpu"`` (gloo), or None for CUDA when GPUs are visible
             (or ``$FLAIR_NBDDP_DEVICE``).
+        gpus: run on these GPUs only, one process each, e.g. ``[0, 2]`` (numbered as torch numbers them in
+            this kernel); works after the kernel has initialised CUDA, unlike setting ``CUDA_VISIBLE_DEVICES``.
         timeout: seconds after which the run is ended and :class:`RunTimeoutError` raised.
         stop_timeout: seconds a graceful stop may take before the workers are ended.
         hang_timeout: seconds without progress on any rank (no training step, an unchanged call stack)
@@ -122,7 +127,8 @@ def launch(
         WorkerError: a rank failed (``.rank``, the remote traceback, ``.result`` with the logs).
         RunTimeoutError, RunHangError: the run exceeded ``timeout`` / made no progress.
         ShippingError: ``fn`` or an argument cannot be sent to the workers (names which one).
-        DeviceError: impossible devices or process counts, or ones a given ``pool`` does not have.
+        DeviceError: impossible devices, GPUs or process counts, or ones a given ``pool`` does not have.
+        UnsupportedPlatformError: on Windows (the workers need POSIX).
         DashboardUnavailableError: ``dashboard=True`` outside a Jupyter kernel.
         RunActiveError: another run of this kernel is still active.
         Each before any worker starts, except the first two. All derive from :class:`FlairNbddpError`.
@@ -136,7 +142,7 @@ def launch(
         result.value["test_score"], result.world_size  # (0.91, 2)
     """
     run = _build(
-        fn, args, kwargs, processes, device, pool, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
+        fn, args, kwargs, processes, device, gpus, pool, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
         hang_timeout=hang_timeout, run_dir=run_dir,
     )  # fmt: skip
     view = open_view(run, dashboard)  # before any worker starts: an impossible view must not cost a start

@@ -1,18 +1,22 @@
-"""Which devices a run uses: device type, number of processes, backend, and each rank's environment.
+"""Which devices a run uses: device type, number of processes, the GPUs, backend, and each rank's environment.
 
 Example:
     >>> plan = resolve_devices(device="cpu", processes=2)
     >>> plan.device_type, plan.world_size, plan.backend
     ('cpu', 2, 'gloo')
+    >>> str(plan)
+    '2 × cpu (gloo)'
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import DeviceError
+from .errors import DeviceError, UnsupportedPlatformError
 
 DEVICE_ENV = "FLAIR_NBDDP_DEVICE"
 PROCESSES_ENV = "FLAIR_NBDDP_PROCESSES"
@@ -28,26 +32,43 @@ class DevicePlan:
         device_type: ``"cuda"`` or ``"cpu"``.
         world_size: number of worker processes (one per GPU on CUDA).
         backend: ``"nccl"`` on CUDA, ``"gloo"`` on CPU.
+        gpus: the GPUs chosen with ``gpus=``, as torch numbers them in this process (rank r runs on
+            ``gpus[r]``); None: the first ``world_size`` GPUs torch sees.
     """
 
     device_type: str
     world_size: int
     backend: str
+    gpus: tuple[int, ...] | None = None
 
-    def mismatch(self, processes: int | None, device: str | None) -> str | None:
-        """Why a run asking for ``processes``/``device`` cannot use this plan's workers (None: it can, or
-        it left them out).
+    def __str__(self) -> str:
+        chosen = f" {','.join(map(str, self.gpus))}" if self.gpus is not None else ""
+        return f"{self.world_size} × {self.device_type}{chosen} ({self.backend})"
+
+    def mismatch(
+        self, processes: int | None, device: str | None, gpus: Sequence[int] | None = None
+    ) -> str | None:
+        """Why a run asking for ``processes``/``device``/``gpus`` cannot use this plan's workers (None: it can,
+        or it left them out).
 
         Example:
             >>> DevicePlan("cpu", 2, "gloo").mismatch(4, None)
-            '2 × cpu, not 4 × cpu'
+            '2 × cpu (gloo), not 4 processes'
+            >>> DevicePlan("cuda", 2, "nccl", (0, 2)).mismatch(None, None, [0, 1])
+            '2 × cuda 0,2 (nccl), not GPUs 0,1'
         """
-        have = (self.world_size, self.device_type)
-        wanted = (processes or have[0], device or have[1])
-        return None if wanted == have else f"{have[0]} × {have[1]}, not {wanted[0]} × {wanted[1]}"
+        wanted = []
+        if processes is not None and processes != self.world_size:
+            wanted.append(f"{processes} process{'es' if processes != 1 else ''}")
+        if device is not None and device != self.device_type:
+            wanted.append(f"device {device!r}")
+        if gpus is not None and tuple(gpus) != (self.gpus or tuple(range(self.world_size))):
+            wanted.append(f"GPUs {','.join(map(str, gpus))}")
+        return f"{self}, not {' and '.join(wanted)}" if wanted else None
 
     def device_for(self, rank: int) -> str:
-        """The torch device string of ``rank``: ``"cuda:<rank>"`` or ``"cpu"``."""
+        """The torch device string of ``rank``: ``"cuda:<rank>"`` or ``"cpu"`` (with ``gpus``, each worker sees
+        only the chosen GPUs, in their order, so rank r's is its ``cuda:r``)."""
         return f"cuda:{rank}" if self.device_type == "cuda" else "cpu"
 
     def rank_environment(self, rank: int, port: int) -> dict[str, str]:
@@ -62,14 +83,60 @@ class DevicePlan:
             "PYTHONUNBUFFERED": "1",
         }
         # keep every connection between ranks on loopback (unless the user chose an interface)
-        env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
-        env["NCCL_SOCKET_IFNAME"] = os.environ.get("NCCL_SOCKET_IFNAME", "lo")
+        env["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", loopback_interface())
+        env["NCCL_SOCKET_IFNAME"] = os.environ.get("NCCL_SOCKET_IFNAME", loopback_interface())
+        if self.gpus is not None:
+            # a fresh process counts its GPUs from this, whatever torch in the kernel has counted already
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(_cuda_visible_entry(gpu) for gpu in self.gpus)
         if self.device_type == "cpu":
             # one process per core share: keep the ranks from oversubscribing the CPU
             env["OMP_NUM_THREADS"] = os.environ.get(
                 "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.world_size))
             )
         return env
+
+
+@functools.cache
+def loopback_interface() -> str:
+    """The name of the network interface that holds 127.0.0.1 (``lo`` on Linux, ``lo0`` on macOS)."""
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(address.address == "127.0.0.1" for address in addresses):
+            return name
+    return "lo"
+
+
+def require_posix() -> None:
+    """Refuse to start workers where they cannot run: they need POSIX (``os.killpg``, ``SIGUSR1``, ``pass_fds``).
+
+    Raises:
+        UnsupportedPlatformError: on Windows, naming what works instead.
+    """
+    import platform
+    import signal
+
+    missing = [name for module, name in ((os, "killpg"), (signal, "SIGUSR1")) if not hasattr(module, name)]
+    if missing:
+        raise UnsupportedPlatformError(
+            f"flair_nbddp needs a POSIX system (Linux; macOS is untested) for its worker processes: they use "
+            f"os.killpg, SIGUSR1 and inherited descriptors, and {platform.system() or 'this system'} has no "
+            f"{' or '.join(missing)}. On Windows run the notebook server in WSL 2 (CUDA works there), or on a Linux "
+            "machine."
+        )
+
+
+def _cuda_visible_entry(gpu: int) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` entry of what torch in this process calls GPU ``gpu``."""
+    inherited = [entry.strip() for entry in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
+    return inherited[gpu] if gpu < len(inherited) else str(gpu)
+
+
+def gpu_names() -> list[str]:
+    """``["0: NVIDIA H200", ...]``: the GPUs torch sees, for messages (initialises CUDA in this process)."""
+    import torch
+
+    return [f"{index}: {torch.cuda.get_device_name(index)}" for index in range(visible_gpu_count())]
 
 
 def visible_gpu_count() -> int:
@@ -95,26 +162,60 @@ def _env_processes() -> int | None:
     return int(value)
 
 
-def resolve_devices(device: str | None = None, processes: int | None = None) -> DevicePlan:
-    """Decide the device type, world size and backend of a run.
+def _check_gpus(gpus: Sequence[int], device: str | None, processes: int | None) -> tuple[int, ...]:
+    if isinstance(gpus, (str, bytes)) or not isinstance(gpus, Sequence) or not gpus:
+        raise DeviceError(f"gpus={gpus!r} must be a non-empty list of GPU numbers, e.g. gpus=[0, 2].")
+    if any(isinstance(gpu, bool) or not isinstance(gpu, int) for gpu in gpus):
+        raise DeviceError(f"gpus={list(gpus)!r} must hold GPU numbers (integers), e.g. gpus=[0, 2].")
+    chosen = tuple(gpus)
+    if len(set(chosen)) != len(chosen):
+        raise DeviceError(f"gpus={list(chosen)} names a GPU twice: NCCL needs one GPU per process.")
+    if device not in (None, "cuda"):
+        raise DeviceError(f"gpus={list(chosen)} chooses GPUs, but device={device!r}: leave one of them out.")
+    if processes is not None and processes != len(chosen):
+        raise DeviceError(
+            f"gpus={list(chosen)} runs one process per GPU ({len(chosen)}), not processes={processes}: "
+            "leave processes out."
+        )
+    count = visible_gpu_count()
+    unknown = [gpu for gpu in chosen if not 0 <= gpu < count]
+    if unknown:
+        there = ", ".join(gpu_names()) if count else "none (torch.cuda.is_available() is False)"
+        raise DeviceError(
+            f"gpus={list(chosen)}: there is no GPU {', '.join(map(str, unknown))}. The GPUs torch sees here: {there}."
+        )
+    return chosen
+
+
+def resolve_devices(
+    device: str | None = None, processes: int | None = None, gpus: Sequence[int] | None = None
+) -> DevicePlan:
+    """Decide the device type, world size, GPUs and backend of a run.
 
     Explicit arguments win over the environment variables ``FLAIR_NBDDP_DEVICE`` (``cpu``/``cuda``) and
     ``FLAIR_NBDDP_PROCESSES``, which win over the defaults: every visible GPU with NCCL, else
-    2 CPU processes with gloo.
+    2 CPU processes with gloo. ``gpus=[0, 2]`` runs one process on each of those GPUs (as torch numbers them
+    here), also after this process has initialised CUDA: each worker is started with only them visible.
 
     Raises:
         DeviceError: (a ``ValueError``) for a device other than cpu/cuda, a non-positive process count, CUDA
-            without GPUs, or more CUDA processes than GPUs.
+            without GPUs, more CUDA processes than GPUs, or GPUs that are not there (the message lists those
+            that are).
+        UnsupportedPlatformError: on Windows (the workers need POSIX).
     """
+    require_posix()
     if device is not None:
         device = str(device).strip().lower()
         if device.startswith("cuda:"):
             raise DeviceError(
-                f"device={device!r} names one GPU; a run uses one process per GPU. Pass device='cuda' and "
-                "choose GPUs with CUDA_VISIBLE_DEVICES, or processes=N for the first N."
+                f"device={device!r} names one GPU; a run uses one process per GPU. Pass gpus=[{device[5:]}] "
+                "(or gpus=[0, 2] for several), or processes=N for the first N."
             )
         if device not in DEVICE_TYPES:
             raise DeviceError(f"device={device!r} is not supported: use 'cuda', 'cpu' or None (automatic).")
+    if gpus is not None:
+        chosen = _check_gpus(gpus, device, processes)
+        return DevicePlan("cuda", len(chosen), "nccl", chosen)
     device = device or _env_device()
     if processes is None:
         processes = _env_processes()

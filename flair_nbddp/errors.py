@@ -62,6 +62,10 @@ class PayloadWriteError(FlairNbddpError, OSError):
     """The run's payload could not be written (e.g. the disk is full); nothing was started."""
 
 
+class UnsupportedPlatformError(FlairNbddpError, RuntimeError):
+    """The workers need POSIX (process groups, ``SIGUSR1``, inherited descriptors): Windows is refused at launch."""
+
+
 class DashboardUnavailableError(FlairNbddpError, RuntimeError):
     """``dashboard=True`` where no Jupyter kernel with ipywidgets can show it."""
 

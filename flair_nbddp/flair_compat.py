@@ -8,7 +8,7 @@
   is stopped before every rank trains the whole corpus on its own.
 * Graceful stop: once the parent asks, all ranks agree at the end of the same batch and raise flair's
   own ``TrainingInterrupt``, so flair saves ``final-model.pt`` and finishes as after Ctrl+C in a script,
-  minus its final test evaluation.
+  minus its final test evaluation: the returned ``test_score`` is NaN (flair would say 0, a score).
 
 Nothing here makes the CPU wait for the GPU: the stop agreement runs over a gloo group on CPU tensors,
 and GPU-valued metrics (flair's gradient norm) are copied to the host asynchronously. A ``.item()`` on
@@ -131,6 +131,11 @@ class StreamingPlugin(TrainerPlugin):
             self._sender.send(Stopped(0, str(checkpoint)))
         raise TrainingInterrupt(f"stopped from the notebook after epoch {epoch}, batch {batch}; model: {checkpoint}")
 
+    @property
+    def stopped(self) -> bool:
+        """This plugin stopped the training (a stop from the notebook)."""
+        return self._stopped_at is not None
+
     @TrainerPlugin.hook
     def training_interrupt(self, **_: Any) -> None:
         """After a stop, flair would evaluate the whole test split (minutes on a real one): skip it."""
@@ -141,7 +146,7 @@ class StreamingPlugin(TrainerPlugin):
         without_test._test = None
         self.trainer.corpus = without_test
         logging.getLogger("flair").info(
-            "flair_nbddp: stopped, so flair's final test evaluation is skipped and test_score is 0; "
+            "flair_nbddp: stopped, so flair's final test evaluation is skipped and test_score is NaN; "
             "evaluate the checkpoint (%s) if you need one", self._stopped_at
         )
 
@@ -220,7 +225,10 @@ def instrument_trainer(
                 f"trainer.train()/fine_tune() was called without multi_gpu=True while {world_size} processes run: "
                 "each rank would train on the whole corpus on its own. Add multi_gpu=True to the call."
             )
-        plugins = [*(plugins or []), StreamingPlugin(sender, rank, counters, control_group)]
-        return original(self, *args, multi_gpu=multi_gpu, plugins=plugins, **kwargs)
+        streaming = StreamingPlugin(sender, rank, counters, control_group)
+        scores = original(self, *args, multi_gpu=multi_gpu, plugins=[*(plugins or []), streaming], **kwargs)
+        if streaming.stopped and isinstance(scores, dict) and "test_score" in scores:
+            scores["test_score"] = float("nan")  # flair's 0 would read as a score; there was no test evaluation
+        return scores
 
     ModelTrainer.train_custom = train_custom

@@ -14,24 +14,69 @@ Example (in a notebook)::
 
 from __future__ import annotations
 
-import platform
+import ast
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from . import __version__
 from .api import launch
 from .cell import execute_cell, names_to_ship
-from .devices import resolve_devices, visible_gpu_count
-from .errors import ConfigurationError, DeviceError, ShippingError
+from .devices import gpu_names, resolve_devices
+from .errors import ConfigurationError, DeviceError, ShippingError, UnsupportedPlatformError
 from .payload import describe_unpicklable
 from .pool import WorkerPool, current_pool, set_current_pool
-from .run import runs
+from .run import DEFAULT_HANG_TIMEOUT, DEFAULT_STOP_TIMEOUT, runs
+from .versions import versions
 
 # A magic reports a mistake in its options or cell as IPython's own UsageError, the one exception outside the
 # kit's FlairNbddpError family: IPython shows it as a single line only when `etype is UsageError`, not for a
 # subclass (InteractiveShell.showtraceback).
+
+def gpu_list(text: str | None) -> list[int] | None:
+    """``"0,2"`` → ``[0, 2]`` (the ``--gpus`` option).
+
+    Example:
+        >>> gpu_list("0, 2"), gpu_list(None)
+        ([0, 2], None)
+    """
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--gpus {text!r} is not a list of GPU numbers: write e.g. --gpus 0,2") from None
+
+
+def plain_python(cell: str, transform) -> str:
+    """The cell as the workers run it: ``transform`` (IPython's ``shell.transform_cell``) applied, which strips
+    prompts and common indentation; a magic or shell command (``%time``, ``!nvidia-smi``) is refused, naming
+    its line, since the workers run plain Python.
+
+    Example:
+        >>> from IPython.core.inputtransformer2 import TransformerManager
+        >>> plain_python(">>> x = 1", TransformerManager().transform_cell)
+        'x = 1\\n'
+        >>> plain_python("x = 1\\n!ls", TransformerManager().transform_cell)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        IPython.core.error.UsageError: line 2 of the cell, `!ls`, is IPython syntax (a magic or a shell ...
+    """
+    source = transform(cell)
+    try:
+        module = ast.parse(source)
+    except SyntaxError:
+        return source  # a plain mistake in the Python: the run reports it as the SyntaxError it is
+    for node in ast.walk(module):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "get_ipython":
+            lines = cell.splitlines() or [""]
+            text = lines[min(node.lineno, len(lines)) - 1].strip()
+            raise UsageError(
+                f"line {node.lineno} of the cell, `{text}`, is IPython syntax (a magic or a shell command) that the "
+                "workers cannot run: they run plain Python. Move it to a cell of its own, or write it in Python "
+                "(e.g. subprocess.run([...]) for !cmd, time.perf_counter() for %time)."
+            )
+    return source
+
 
 def _check_names(cell: str, namespace: dict) -> dict:
     shipped, missing = names_to_ship(cell, namespace)
@@ -47,7 +92,7 @@ def _check_names(cell: str, namespace: dict) -> dict:
 
 def _unshippable(shipped: dict) -> str | None:
     for name, value in shipped.items():
-        message = describe_unpicklable(f"variable {name!r}", name, value, where="this cell")
+        message = describe_unpicklable(f"variable {name!r} ({type(value).__name__})", name, value, where="this cell")
         if message:
             return message
     return None
@@ -63,7 +108,17 @@ class DdpMagics(Magics):
     @argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when GPUs are visible")
     @argument("--out", default=None, metavar="NAME", help="also store rank 0's value in this notebook variable")
     @argument("--no-dashboard", action="store_true", help="print rank 0's log instead of the live dashboard")
+    @argument("--gpus", default=None, metavar="0,2", help="run on these GPUs only, one process each")
     @argument("--timeout", type=float, default=None, metavar="S", help="end the run after S seconds")
+    @argument(
+        "--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT, metavar="S",
+        help=f"seconds a graceful stop may take before the workers are ended (default {DEFAULT_STOP_TIMEOUT:g})",
+    )  # fmt: skip
+    @argument(
+        "--hang-timeout", type=float, default=DEFAULT_HANG_TIMEOUT, metavar="S",
+        help=f"end the run after S seconds without progress on any rank, showing their stacks; 0: off "
+        f"(default {DEFAULT_HANG_TIMEOUT:g})",
+    )  # fmt: skip
     @argument("--seed", type=int, default=None, help="the seed every rank gets (default: a random one)")
     @cell_magic
     def ddp_train(self, line: str, cell: str):
@@ -76,22 +131,26 @@ class DdpMagics(Magics):
         options = parse_argstring(self.ddp_train, line)
         if options.out is not None and not options.out.isidentifier():
             raise UsageError(f"--out {options.out!r} is not a valid variable name")
-        shipped = _check_names(cell, self.shell.user_ns)
+        source = plain_python(cell, self.shell.transform_cell)
+        shipped = _check_names(source, self.shell.user_ns)
         pool = current_pool()
         try:
             result = launch(
                 execute_cell,
-                args=(cell, shipped),
+                args=(source, shipped),
                 processes=options.processes,
                 device=options.device,
+                gpus=gpu_list(options.gpus),
                 timeout=options.timeout,
+                stop_timeout=options.stop_timeout,
+                hang_timeout=options.hang_timeout or None,
                 seed=options.seed,
                 dashboard=False if options.no_dashboard else None,
                 pool=pool,
             )
         except ShippingError as error:
             raise UsageError(_unshippable(shipped) or str(error)) from None
-        except ConfigurationError as error:  # impossible devices or process counts, or not the pool's
+        except (ConfigurationError, UnsupportedPlatformError) as error:  # impossible devices, not the pool's...
             raise UsageError(str(error)) from None
         if options.out:
             self.shell.user_ns[options.out] = result.value
@@ -101,6 +160,7 @@ class DdpMagics(Magics):
     @argument("action", choices=["start", "stop", "status"], help="start warm workers, end them, or describe them")
     @argument("processes", nargs="?", type=int, default=None, help="with start: number of workers")
     @argument("--device", choices=["cpu", "cuda"], default=None, help="with start: default cuda when available")
+    @argument("--gpus", default=None, metavar="0,2", help="with start: these GPUs only, one worker each")
     @line_magic
     def ddp_pool(self, line: str) -> WorkerPool | None:
         """``%ddp_pool start [N]`` keeps N warm workers for ``%%ddp_train`` and the panel; ``stop`` ends them."""
@@ -110,8 +170,8 @@ class DdpMagics(Magics):
             if pool is not None:
                 raise UsageError(f"a pool is already started ({pool.status()}); '%ddp_pool stop' ends it")
             try:
-                pool = WorkerPool(options.processes, options.device)
-            except ConfigurationError as error:
+                pool = WorkerPool(options.processes, options.device, gpus=gpu_list(options.gpus))
+            except (ConfigurationError, UnsupportedPlatformError) as error:
                 raise UsageError(str(error)) from None
             pool.warm_up()
             set_current_pool(pool)
@@ -130,21 +190,13 @@ class DdpMagics(Magics):
     @line_magic
     def ddp_info(self, line: str = "") -> None:
         """Devices, the backend and processes a run would use, versions, and this kernel's runs."""
-        import flair
-        import torch
-
-        gpus = visible_gpu_count()
-        lines = [f"GPUs visible: {gpus}"]
-        lines += [f"  cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(gpus)]
+        names = gpu_names()
+        lines = [f"GPUs visible: {len(names)}"] + [f"  {name}" for name in names]
         try:
-            plan = resolve_devices()
-            lines.append(f"a run would use: {plan.world_size} × {plan.device_type} ({plan.backend})")
-        except DeviceError as error:
+            lines.append(f"a run would use: {resolve_devices()}")
+        except (DeviceError, UnsupportedPlatformError) as error:
             lines.append(f"a run would fail: {error}")
-        lines.append(
-            f"versions: flair_nbddp {__version__}, flair {flair.__version__}, torch {torch.__version__}, "
-            f"python {platform.python_version()}"
-        )
+        lines.append("versions: " + ", ".join(f"{name} {version}" for name, version in versions().items()))
         pool = current_pool()
         lines.append(pool.status() if pool else "no warm pool (%ddp_pool start [N] starts one)")
         history = runs()
@@ -153,7 +205,7 @@ class DdpMagics(Magics):
             snapshot = run.state.snapshot()
             name = run.name
             lines.append(
-                f"  {number}. {name}: {snapshot.status}, {run.plan.world_size} × {run.plan.device_type}, "
+                f"  {number}. {name}: {snapshot.status}, {run.plan}, "
                 f"{snapshot.elapsed:.1f} s, logs {run.run_dir}"
             )
         print("\n".join(lines))

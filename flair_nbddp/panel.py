@@ -251,14 +251,9 @@ def device_choices(gpus: int, cpus: int) -> list[tuple[str, tuple[str, int]]]:
         >>> [label for label, _ in device_choices(2, 2)][:2]
         ['2 × cuda (nccl)', '1 × cuda (nccl)']
     """
-    choices = [(plan_label(DevicePlan("cuda", n, "nccl")), ("cuda", n)) for n in range(gpus, 0, -1)]
+    choices = [(str(DevicePlan("cuda", n, "nccl")), ("cuda", n)) for n in range(gpus, 0, -1)]
     cpu_counts = range(1, max(2, min(cpus, MAX_CPU_CHOICES)) + 1)
-    return choices + [(plan_label(DevicePlan("cpu", n, "gloo")), ("cpu", n)) for n in cpu_counts]
-
-
-def plan_label(plan: DevicePlan) -> str:
-    """``"2 × cpu (gloo)"``."""
-    return f"{plan.world_size} × {plan.device_type} ({plan.backend})"
+    return choices + [(str(DevicePlan("cpu", n, "gloo")), ("cpu", n)) for n in cpu_counts]
 
 
 # -- records → HTML -------------------------------------------------------------------------------
@@ -291,13 +286,18 @@ class PanelRun:
 def run_scores(result: RunResult) -> dict[str, float]:
     """The numbers of a run worth comparing: the value's numeric entries, then flair's last dev score and loss.
 
+    A NaN is no score (a stopped run's ``test_score``: flair skipped the test evaluation) and is left out, so
+    the table shows "—" there.
+
     Example:
         >>> from types import SimpleNamespace
         >>> run_scores(SimpleNamespace(value={"test_score": 0.8, "model": None}, final_metrics={"dev/score": 0.7}))
         {'test_score': 0.8, 'dev/score': 0.7}
+        >>> run_scores(SimpleNamespace(value={"test_score": float("nan")}, final_metrics={"dev/score": 0.7}))
+        {'dev/score': 0.7}
     """
     value = result.value if isinstance(result.value, dict) else {}
-    scores = {str(key): float(item) for key, item in value.items() if _is_number(item)}
+    scores = {str(key): float(item) for key, item in value.items() if _is_number(item) and not math.isnan(item)}
     metrics = result.final_metrics
     return {**scores, **{name: metrics[name] for name in SCORE_METRICS if name in metrics}}
 
@@ -622,7 +622,7 @@ class TrainingPanel:
             self.fn, args, {**self.fixed, **chosen}, device=device, processes=processes, pool=pool, **self.run_options
         )
         self.run, self._done = run, threading.Event()
-        record = PanelRun(len(self.runs) + 1, chosen, plan_label(run.plan))
+        record = PanelRun(len(self.runs) + 1, chosen, str(run.plan))
         self.runs.append(record)
         self.dashboard = dashboard = Dashboard(run)
         self.dashboard_box.children = (dashboard.widget,)
@@ -678,12 +678,12 @@ class TrainingPanel:
         pool: WorkerPool | None = current_pool()
         if pool is not None:
             plan = pool.plan
-            self.devices.options = [(f"{plan_label(plan)}, warm pool", (plan.device_type, plan.world_size))]
+            self.devices.options = [(f"{plan}, warm pool", (plan.device_type, plan.world_size))]
             return
         default = (self._default_plan.device_type, self._default_plan.world_size)
         choices = device_choices(visible_gpu_count(), os.cpu_count() or 1)
         if default not in [value for _, value in choices]:
-            choices.append((plan_label(self._default_plan), default))
+            choices.append((str(self._default_plan), default))
         chosen = self.devices.value if self.devices.value in [value for _, value in choices] else default
         self.devices.options, self.devices.value = choices, chosen
 

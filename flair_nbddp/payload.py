@@ -22,12 +22,14 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
 import threading
+import types
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import cloudpickle
 
@@ -142,51 +144,112 @@ def _children(obj: Any) -> list[tuple[str, Any]]:
     return [(f".{name}", value) for name, value in attributes.items()]
 
 
-def find_unpicklable(obj: Any, path: str = "", depth: int = 6) -> tuple[str, Any, Exception] | None:
-    """The deepest part of ``obj`` that cannot be pickled: ``(path, part, error)``, or None if all of it can.
+def _variables_of(fn: types.FunctionType) -> list[tuple[str, Any]]:
+    """What cloudpickle sends along with a function it ships by value (one defined in a notebook): the
+    globals its code reads and the variables it closes over, by name."""
+    names: dict[str, None] = {}
+    codes = [fn.__code__]
+    while codes:
+        code = codes.pop()
+        names.update(dict.fromkeys(code.co_names))
+        codes += [const for const in code.co_consts if isinstance(const, types.CodeType)]
+    found = [(name, fn.__globals__[name]) for name in names if name in fn.__globals__]
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        with contextlib.suppress(ValueError):  # a cell not filled yet
+            found.append((name, cell.cell_contents))
+    return found
+
+
+class Unpicklable(NamedTuple):
+    """What :func:`find_unpicklable` found.
+
+    Attributes:
+        path: where the part sits, from the outermost name, e.g. ``"cfg['lock']"``.
+        part: the object that cannot be pickled.
+        error: the pickling error.
+        via: the functions it was reached through, outermost first: ``(function's path, variable it uses)``.
+    """
+
+    path: str
+    part: Any
+    error: Exception
+    via: tuple[tuple[str, str], ...] = ()
+
+
+def find_unpicklable(obj: Any, path: str = "", depth: int = 6) -> Unpicklable | None:
+    """The deepest part of ``obj`` that cannot be pickled, or None if all of it can.
+
+    Descends into containers, attributes, and the variables a notebook function uses.
 
     Example:
         >>> import threading
-        >>> path, part, _ = find_unpicklable({"cfg": {"lock": threading.Lock()}})
-        >>> path, type(part).__name__
+        >>> found = find_unpicklable({"cfg": {"lock": threading.Lock()}})
+        >>> found.path, type(found.part).__name__
         ("['cfg']['lock']", 'lock')
     """
     error = _pickles(obj)
     if error is None:
         return None
     if depth > 0:
-        for suffix, child in _children(obj):
+        if isinstance(obj, types.FunctionType):
+            for name, value in _variables_of(obj):
+                found = find_unpicklable(value, name, depth - 1)
+                if found is not None:
+                    return found._replace(via=((path or obj.__name__, name), *found.via))
+        for suffix, child in _children(obj) if not isinstance(obj, types.FunctionType) else ():
             found = find_unpicklable(child, path + suffix, depth - 1)
             if found is not None:
                 return found
-    return path, obj, error
+    return Unpicklable(path, obj, error)
+
+
+def _a(type_name: str) -> str:
+    return f"{'an' if type_name[:1].lower() in 'aeiou' else 'a'} {type_name}"
 
 
 def describe_unpicklable(label: str, name: str, obj: Any, where: str = "the training function") -> str | None:
-    """A sentence naming what in ``obj`` cannot be shipped and how to fix it, or None if it all pickles.
+    """A sentence naming what in ``obj`` (known as ``name``) cannot be shipped and how to fix it, or None if it
+    all pickles.
 
     Example:
         >>> import threading
-        >>> print(describe_unpicklable("variable 'cfg'", "cfg", {"lock": threading.Lock()}, "this cell"))
+        >>> print(describe_unpicklable("variable 'cfg' (dict)", "cfg", {"lock": threading.Lock()}, "this cell"))
         ... # doctest: +ELLIPSIS
         variable 'cfg' (dict) cannot be sent to the worker processes: cfg['lock'] is a lock that cannot be ...
+        >>> lock = threading.Lock()
+        >>> def train():
+        ...     with lock:
+        ...         return 1
+        >>> print(describe_unpicklable("the function 'train'", "train", train))  # doctest: +ELLIPSIS
+        the function 'train' cannot be sent to the worker processes: train uses the variable 'lock', a lock that ...
     """
-    found = find_unpicklable(obj)
+    found = find_unpicklable(obj, name)
     if found is None:
         return None
-    path, part, error = found
-    inner = f": {name}{path} is a {type(part).__name__}" if path else ""
+    what = _a(type(found.part).__name__)
+    if found.via:
+        (holder, variable), *deeper = found.via
+        text = f"{holder} uses the variable {variable!r}"
+        for holder, used in deeper:
+            text += (", which" if holder == variable else f", whose {holder}") + f" uses the variable {used!r}"
+            variable = used
+        text += f", {what} that" if found.path == variable else f", whose {found.path} is {what} that"
+        where = f"the function {holder!r}"
+    else:
+        text = "it" if found.path == name else f"{found.path} is {what} that"
     return (
-        f"{label} ({type(obj).__name__}) cannot be sent to the worker processes{inner} that cannot be pickled "
-        f"({type(error).__name__}: {error}). Build it inside {where} instead, or pass what it is made from."
+        f"{label} cannot be sent to the worker processes: {text} cannot be pickled "
+        f"({type(found.error).__name__}: {found.error}). Build it inside {where} instead (every rank then makes "
+        "its own), or pass what it is made from."
     )
 
 
 def _describe_failure(fn: Callable, args: tuple, kwargs: dict, error: Exception) -> str:
     """Name the piece of the call that cannot be pickled (checked one by one only after a failure)."""
-    pieces = [("the function", "fn", fn)]
-    pieces += [(f"argument {i}", f"args[{i}]", arg) for i, arg in enumerate(args)]
-    pieces += [(f"argument {name!r}", name, value) for name, value in kwargs.items()]
+    fn_name = getattr(fn, "__name__", "fn")
+    pieces = [(f"the function {fn_name!r}", fn_name, fn)]
+    pieces += [(f"argument {i} ({type(arg).__name__})", f"args[{i}]", arg) for i, arg in enumerate(args)]
+    pieces += [(f"argument {name!r} ({type(value).__name__})", name, value) for name, value in kwargs.items()]
     for label, name, piece in pieces:
         message = describe_unpicklable(label, name, piece)
         if message:

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,11 +42,13 @@ class WorkerPool:
     Args:
         processes: number of workers; default every visible GPU, else 2 CPU processes.
         device: ``"cuda"``, ``"cpu"`` or None (automatic), as for :func:`~flair_nbddp.launch`.
+        gpus: these GPUs only, one worker each (e.g. ``[0, 2]``), as for :func:`~flair_nbddp.launch`.
         run_dir: where the workers' start-up output and stack dumps go; default a new private directory.
             Each job's output goes to its own run directory.
 
     Raises:
-        DeviceError: impossible devices or process counts.
+        DeviceError: impossible devices, GPUs or process counts.
+        UnsupportedPlatformError: on Windows (the workers need POSIX).
 
     Example:
         >>> pool = WorkerPool(2, "cpu")          # no worker starts before the first job (or warm_up())
@@ -54,8 +57,15 @@ class WorkerPool:
         >>> pool.close()
     """
 
-    def __init__(self, processes: int | None = None, device: str | None = None, run_dir: str | Path | None = None):
-        self.plan: DevicePlan = resolve_devices(device, processes)
+    def __init__(
+        self,
+        processes: int | None = None,
+        device: str | None = None,
+        run_dir: str | Path | None = None,
+        *,
+        gpus: Sequence[int] | None = None,
+    ) -> None:
+        self.plan: DevicePlan = resolve_devices(device, processes, gpus)
         self.home = RunDir.create(run_dir, prefix="pool-")
         self.jobs_run = 0
         self.recycled = 0
@@ -140,7 +150,7 @@ class WorkerPool:
         """One line: size, device, whether the workers are up, jobs run, recycles."""
         state = "closed" if self._closed else "warm" if self.started else "idle (workers start with the next job)"
         return (
-            f"WorkerPool: {self.plan.world_size} × {self.plan.device_type} ({self.plan.backend}), {state}; "
+            f"WorkerPool: {self.plan}, {state}; "
             f"{self.jobs_run} job(s) run, {self.recycled} recycle(s); workers' logs {self.run_dir}"
         )
 

@@ -201,13 +201,15 @@ def set_up(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
 
     import torch
     import torch.distributed as dist
+    from torch.torch_version import TorchVersion
 
     device = torch.device(spec.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     vitals.device, vitals.counters = device, TrainingCounters()
     vitals.flair_logger.remember()
-    # rank 0 serves the store on the loopback socket the parent bound for it
+    # rank 0 serves the store on the loopback socket the parent bound for it; before torch 2.8 the libuv store
+    # (the default from 2.4) cannot serve an inherited socket, and the other one (the default before) can
     store = dist.TCPStore(
         "127.0.0.1",
         spec.port,
@@ -215,6 +217,7 @@ def set_up(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
         spec.rank == 0,
         timeout=datetime.timedelta(seconds=spec.rendezvous_timeout),
         master_listen_fd=spec.listen_fd,
+        use_libuv=TorchVersion(torch.__version__) >= (2, 8),
     )
     dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size)
     if spec.world_size > 1:  # on CPU tensors: a collective on the GPU's group would make every batch wait for it

@@ -107,3 +107,24 @@ def test_the_kit_makes_no_bare_builtin_exception():
 def test_each_error_keeps_the_builtin_callers_expect(cls, builtin):
     assert issubclass(cls, builtin) and issubclass(cls, errors.FlairNbddpError)
     assert getattr(flair_nbddp, cls.__name__) is cls  # exported, as the README lists it
+
+
+def _readme_module_table() -> list[tuple[list[str], set[str]]]:
+    """The README's "Modules, each with one job" table: each row's modules, with the kit modules it says they import."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    table = readme.split("### Modules, each with one job", 1)[1].split("\n\n", 2)[1]
+    rows = []
+    for row in table.splitlines()[2:]:
+        names, _, imports = [cell.strip() for cell in row.strip("|").split("|")]
+        modules = [name.strip("` ").removesuffix(".py") for name in names.split(",")]
+        rows.append((modules, {name.strip().split(" ")[0] for name in imports.split(",")} - {"—", ""}))
+    return rows
+
+
+def test_the_readme_module_table_lists_every_module_and_what_it_imports():
+    rows = _readme_module_table()
+    missing = sorted(set(MODULES) - {"__main__", "errors"} - {module for modules, _ in rows for module in modules})
+    assert missing == [], f"README's module table does not list {missing}"
+    for modules, said in rows:
+        actual = set().union(*(imports_of(module) & set(MODULES) for module in modules)) - {"errors", *modules}
+        assert actual == said, f"README says {modules} import {sorted(said)}; the code: {sorted(actual)}"

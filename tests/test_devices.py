@@ -73,3 +73,76 @@ def test_rendezvous_socket_listens_on_loopback_only():
         assert host == "127.0.0.1" and port > 0
         with socket.create_connection((host, port), timeout=5):
             pass
+
+
+@pytest.fixture
+def four_gpus(monkeypatch):
+    monkeypatch.setattr(devices, "visible_gpu_count", lambda: 4)
+    monkeypatch.setattr(devices, "gpu_names", lambda: [f"{i}: NVIDIA H200" for i in range(4)])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def test_chosen_gpus_get_one_process_each_and_only_they_are_visible_to_the_workers(four_gpus):
+    plan = resolve_devices(gpus=[0, 2])
+    assert plan == devices.DevicePlan("cuda", 2, "nccl", (0, 2)) and str(plan) == "2 × cuda 0,2 (nccl)"
+    assert [plan.rank_environment(rank, 1)["CUDA_VISIBLE_DEVICES"] for rank in (0, 1)] == ["0,2", "0,2"]
+    assert [plan.device_for(rank) for rank in (0, 1)] == ["cuda:0", "cuda:1"]  # each sees only 0 and 2, in order
+    assert "CUDA_VISIBLE_DEVICES" not in resolve_devices().rank_environment(0, 1)  # no choice: inherited as is
+
+
+def test_chosen_gpus_are_numbered_as_the_kernel_sees_them(four_gpus, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,GPU-8f1e,7")  # the kernel was started on a subset
+    plan = resolve_devices(gpus=[2, 0])
+    assert plan.rank_environment(0, 1)["CUDA_VISIBLE_DEVICES"] == "GPU-8f1e,3"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"gpus": [0, 5]}, r"gpus=\[0, 5\]: there is no GPU 5. The GPUs torch sees here: 0: NVIDIA H200, 1: NVIDIA"),
+        ({"gpus": [-1]}, "there is no GPU -1"),
+        ({"gpus": [1, 1]}, "names a GPU twice"),
+        ({"gpus": []}, "non-empty list"),
+        ({"gpus": "0,2"}, "non-empty list of GPU numbers"),
+        ({"gpus": [0.0]}, "must hold GPU numbers"),
+        ({"gpus": [0, 1], "device": "cpu"}, "chooses GPUs, but device='cpu'"),
+        ({"gpus": [0, 1], "processes": 3}, "one process per GPU \\(2\\), not processes=3"),
+        ({"device": "cuda:1"}, r"names one GPU.*Pass gpus=\[1\]"),
+    ],
+)
+def test_impossible_gpu_choices_say_why(four_gpus, kwargs, message):
+    with pytest.raises(devices.DeviceError, match=message):
+        resolve_devices(**kwargs)
+
+
+def test_gpus_without_any_gpu_say_there_is_none(monkeypatch):
+    monkeypatch.setattr(devices, "visible_gpu_count", lambda: 0)
+    with pytest.raises(devices.DeviceError, match=r"no GPU 0, 2. The GPUs torch sees here: none"):
+        resolve_devices(gpus=[0, 2])
+
+
+def test_a_pool_with_chosen_gpus_takes_only_runs_that_fit():
+    plan = devices.DevicePlan("cuda", 2, "nccl", (0, 2))
+    assert plan.mismatch(None, None, None) is None and plan.mismatch(2, "cuda", [0, 2]) is None
+    assert plan.mismatch(None, None, [0, 1]) == "2 × cuda 0,2 (nccl), not GPUs 0,1"
+    assert devices.DevicePlan("cuda", 2, "nccl").mismatch(None, None, [0, 1]) is None  # the first two, as chosen
+    assert devices.DevicePlan("cpu", 2, "gloo").mismatch(None, "cuda", None) == "2 × cpu (gloo), not device 'cuda'"
+
+
+def test_the_loopback_interface_is_the_one_holding_127_0_0_1():
+    import psutil
+
+    name = devices.loopback_interface()
+    assert any(address.address == "127.0.0.1" for address in psutil.net_if_addrs()[name])
+
+
+def test_without_posix_every_start_is_refused_naming_the_way_out(monkeypatch):
+    import os
+
+    from flair_nbddp import WorkerPool, launch
+    from flair_nbddp.errors import UnsupportedPlatformError
+
+    monkeypatch.delattr(os, "killpg")  # as on Windows
+    for attempt in (lambda: launch(print), lambda: WorkerPool(), lambda: resolve_devices("cpu", 2)):
+        with pytest.raises(UnsupportedPlatformError, match="needs a POSIX system .* has no killpg. .* WSL 2"):
+            attempt()

@@ -1,6 +1,7 @@
 """Stopping, faults and hostile input (2 CPU processes with gloo). Kernel-level cases: test_kernel.py."""
 
 import errno
+import math
 import os
 import signal
 import subprocess
@@ -28,8 +29,8 @@ def test_stop_ends_every_rank_after_the_same_batch_and_saves_the_model(tmp_path,
     freed_after = time.monotonic() - stopped_at
     assert result.status == "stopped", result.error
     assert result.checkpoint == tmp_path / "out" / "final-model.pt" and result.checkpoint.exists()
-    # flair returned normally, without its final test evaluation (minutes on a real test split)
-    assert result.value["test_score"] == 0
+    # flair returned normally, without its final test evaluation (minutes on a real test split): no test score
+    assert math.isnan(result.value["test_score"])
     assert "final test evaluation is skipped" in result.log and not (tmp_path / "out" / "test.tsv").exists()
     assert freed_after < 10, f"the cell was busy for {freed_after:.1f} s after Stop"
     assert "stopped from the notebook" in result.log

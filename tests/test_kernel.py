@@ -72,6 +72,17 @@ result = ModelTrainer(make_classifier(corpus), corpus).fine_tune(
     unpicklable = kernel.execute("%%ddp_train --no-dashboard\nholder")
     assert unpicklable.reply["status"] == "error"
     assert "UsageError: variable 'holder' (dict)" in unpicklable.stderr and "holder['guard'] is a lock" in unpicklable.stderr
+    shell_line = kernel.execute("%%ddp_train --no-dashboard\nx = 1\n!nvidia-smi\nx")
+    assert shell_line.stderr.startswith("UsageError: line 2 of the cell, `!nvidia-smi`, is IPython syntax")
+    # launch() names the notebook global that cannot travel, with the path to it
+    _ok(kernel.execute("lock = threading.Lock()\ndef uses_lock():\n    with lock:\n        return 1"))
+    global_lock = kernel.execute("import flair_nbddp\nflair_nbddp.launch(uses_lock, dashboard=False)")
+    assert global_lock.error["ename"] == "ShippingError"
+    assert global_lock.error["evalue"].startswith(
+        "the function 'uses_lock' cannot be sent to the worker processes: uses_lock uses the variable 'lock', "
+        "a lock that cannot be pickled (TypeError: cannot pickle '_thread.lock' object). Build it inside the "
+        "function 'uses_lock' instead"
+    ), global_lock.error["evalue"]
     bad_option = kernel.execute("%%ddp_train --bogus\n1")
     assert bad_option.reply["status"] == "error" and "UsageError" in bad_option.stderr
     assert probe(kernel)[0] == 0  # no worker left

@@ -143,3 +143,93 @@ def test_ddp_info_lists_devices_versions_and_runs(shell, capsys):
     assert f"GPUs visible: {visible_gpu_count()}" in out and "a run would use: 2 × cpu (gloo)" in out
     assert "flair 0.15.1" in out
     assert "runs in this kernel:" in out and "execute_cell: finished" in out
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """The magic's call to launch, recorded instead of run: ``launched[0]`` is ``(args, kwargs)``."""
+    from types import SimpleNamespace
+
+    from flair_nbddp import magic
+
+    calls = []
+    monkeypatch.setattr(magic, "launch", lambda fn, **kwargs: calls.append(kwargs) or SimpleNamespace(value=None))
+    return calls
+
+
+def test_timeouts_seed_and_gpus_reach_launch(shell, launched):
+    shell.run_cell_magic("ddp_train", "--gpus 0,2 --stop-timeout 5 --hang-timeout 60 --seed 3 --timeout 9", "1")
+    options = launched[0]
+    assert options["gpus"] == [0, 2] and options["seed"] == 3 and options["timeout"] == 9
+    assert options["stop_timeout"] == 5 and options["hang_timeout"] == 60
+    shell.run_cell_magic("ddp_train", "--hang-timeout 0", "1")
+    assert launched[1]["hang_timeout"] is None and launched[1]["stop_timeout"] == 30 and launched[1]["gpus"] is None
+
+
+def test_help_lists_every_option(shell):
+    doc = shell.find_cell_magic("ddp_train").__doc__
+    for option in ("--processes", "--device", "--gpus", "--out", "--no-dashboard", "--timeout", "--stop-timeout",
+                   "--hang-timeout", "--seed"):
+        assert option in doc, option
+
+
+@pytest.mark.parametrize("gpus", ["0,two", "0;2", ""])
+def test_a_gpu_list_that_is_not_numbers_is_a_usage_error(shell, launched, gpus):
+    with pytest.raises(UsageError, match="--gpus .* is not a list of GPU numbers: write e.g. --gpus 0,2"):
+        shell.run_cell_magic("ddp_train", f"--gpus '{gpus}'", "1")
+    assert not launched
+
+
+def test_gpus_this_machine_does_not_have_are_a_usage_error_naming_them(shell):
+    with pytest.raises(UsageError, match=r"gpus=\[0, 2\]: there is no GPU 0, 2"):
+        shell.run_cell_magic("ddp_train", "--gpus 0,2 --no-dashboard", "1")
+
+
+@pytest.mark.parametrize(
+    ("cell", "line", "text"),
+    [
+        ("x = 1\n%time y = x + 1\ny", 2, "%time y = x + 1"),
+        ("!nvidia-smi\n1", 1, "!nvidia-smi"),
+        ("import os\nfiles = !ls\nfiles", 2, "files = !ls"),
+        ("len?", 1, "len?"),
+        ("%%time\n1", 1, "%%time"),
+    ],
+)
+def test_ipython_syntax_is_refused_naming_its_line(shell, launched, cell, line, text):
+    with pytest.raises(UsageError) as caught:
+        shell.run_cell_magic("ddp_train", "--no-dashboard", cell)
+    message = str(caught.value)
+    assert message.startswith(f"line {line} of the cell, `{text}`, is IPython syntax"), message
+    assert "workers cannot run" in message and "subprocess.run" in message
+    assert not launched
+
+
+def test_the_cell_is_transformed_as_ipython_does_before_it_ships(shell, launched):
+    shell.run_cell_magic("ddp_train", "--no-dashboard", ">>> x = 20\n>>> x + 22")
+    source, shipped = launched[0]["args"]
+    assert execute_cell(source, shipped) == 42
+
+
+def test_ddp_info_shows_every_version(shell, capsys):
+    import platform
+
+    import torch
+
+    import flair_nbddp
+
+    shell.run_line_magic("ddp_info", "")
+    out = capsys.readouterr().out
+    versions = next(line for line in out.splitlines() if line.startswith("versions: "))
+    assert f"python {platform.python_version()}, torch {torch.__version__}, CUDA " in versions
+    assert ", NCCL " in versions and ", flair 0.15.1, transformers " in versions
+    assert versions.endswith(f"flair_nbddp {flair_nbddp.__version__}")
+    if torch.version.cuda is None:
+        assert "CUDA none (a CPU build of torch), NCCL none (not in this torch build)" in versions
+
+
+def test_windows_is_refused_as_a_usage_error(shell, monkeypatch):
+    import os
+
+    monkeypatch.delattr(os, "killpg")  # as on Windows
+    with pytest.raises(UsageError, match="needs a POSIX system .* WSL 2"):
+        shell.run_cell_magic("ddp_train", "--no-dashboard", "1")

@@ -13,14 +13,17 @@ To refresh a notebook's checked outputs after an intended change: execute it (e.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
@@ -32,6 +35,45 @@ NOTEBOOK_TIMEOUT_SECONDS = 900
 ENVIRONMENT = {
     "FLAIR_NBDDP_DEVICE": "cpu", "FLAIR_NBDDP_PROCESSES": "2", "FLAIR_NBDDP_SEED": "0", "HF_HUB_OFFLINE": "1",
 }
+
+
+# what a Binder session (1-2 GB) can count on for the quickstart: the kernel and its 2 CPU workers, summed as PSS
+# (shared pages counted once), peak over the whole run
+BINDER_NOTEBOOK = "01_quickstart.ipynb"
+BINDER_MEMORY_BYTES = int(1.5 * 2**30)
+
+
+class KernelMemory(threading.Thread):
+    """Samples, until the ``with`` block ends, the summed PSS of every Jupyter kernel below process ``root``
+    and of the kernel's own children (the workers); keeps the peak in bytes."""
+
+    def __init__(self, root: int, interval: float = 0.2) -> None:
+        super().__init__(daemon=True)
+        self.root, self.interval, self.peak = psutil.Process(root), interval, 0
+        self._done = threading.Event()
+
+    def _sample(self) -> int:
+        total = 0
+        for process in self.root.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "ipykernel" in " ".join(process.cmdline()):
+                    for member in [process, *process.children(recursive=True)]:
+                        with contextlib.suppress(psutil.Error):
+                            total += member.memory_full_info().pss
+        return total
+
+    def run(self) -> None:
+        while not self._done.wait(self.interval):
+            with contextlib.suppress(psutil.Error):
+                self.peak = max(self.peak, self._sample())
+
+    def __enter__(self) -> "KernelMemory":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self.join()
 
 
 def _code_cells(path: Path) -> list[dict]:
@@ -79,10 +121,15 @@ def test_notebook_runs_and_its_checked_outputs_hold(notebook, tmp_path):
         f"--nbval-cell-timeout={CELL_TIMEOUT_SECONDS}", "-p", "no:cacheprovider", "-q", "-rf", notebook.name,
     ]
     started = time.monotonic()
-    done = subprocess.run(
-        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=NOTEBOOK_TIMEOUT_SECONDS
-    )
+    with subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as nbval, KernelMemory(nbval.pid) as memory:
+        output, _ = nbval.communicate(timeout=NOTEBOOK_TIMEOUT_SECONDS)
     seconds = time.monotonic() - started
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, f"{notebook.name} failed after {seconds:.0f} s:\n{output[-12000:]}"
-    print(f"{notebook.name}: {seconds:.0f} s")
+    assert nbval.returncode == 0, f"{notebook.name} failed after {seconds:.0f} s:\n{output[-12000:]}"
+    print(f"{notebook.name}: {seconds:.0f} s, peak PSS of the kernel and its workers {memory.peak / 2**30:.2f} GiB")
+    if notebook.name == BINDER_NOTEBOOK:
+        assert memory.peak < BINDER_MEMORY_BYTES, (
+            f"{notebook.name} took {memory.peak / 2**30:.2f} GiB (kernel + workers, PSS): more than a Binder session "
+            f"can count on ({BINDER_MEMORY_BYTES / 2**30:.1f} GiB; see README, Notebooks and Binder)"
+        )

@@ -266,6 +266,19 @@ def test_stop_asks_the_run_to_stop_gracefully_and_a_second_train_works(panel, fa
     assert history.index("0.001") < history.index("0.005")  # newest first
 
 
+def test_a_stopped_run_shows_no_test_score_rather_than_a_zero(panel, fake_runs):
+    panel.train()
+    fake_runs[0].end("stopped", value={"test_score": float("nan")}, metrics=[("dev/score", 0.7)])
+    panel.wait(timeout=5)
+    panel.train()
+    fake_runs[1].end(value={"test_score": 0.8})
+    panel.wait(timeout=5)
+    assert panel.runs[0].scores == {"dev/score": 0.7}
+    rows = panel.history.value.split("<tr")[2:]  # newest first: the finished run, then the stopped one
+    assert "0.8000" in rows[0] and "● stopped" in rows[1]
+    assert "0.0000" not in rows[1] and "nan" not in rows[1].lower() and rows[1].count("—") == 1
+
+
 def test_a_worker_failure_shows_in_red_with_the_traceback_folded(panel, fake_runs):
     panel.train()
     traceback = 'Traceback:\n  File "train.py"\nValueError: <bad>'
@@ -393,6 +406,7 @@ AFTER_STOP = """
 result = panel.wait(timeout=60)
 workers = [p for p in psutil.Process().children(recursive=True) if "flair_nbddp.worker" in " ".join(p.cmdline())]
 print(result.status, result.checkpoint.name, panel.runs[0].params, len(workers))
+print("test_score", result.value["test_score"], "in the table's scores:", "test_score" in panel.runs[0].scores)
 """
 
 
@@ -414,7 +428,7 @@ def test_train_and_stop_buttons_drive_a_real_run_in_a_kernel(tiny_model_path, tm
         ended = _ok(kernel.execute(AFTER_STOP, timeout=90))
 
     expected = "stopped final-model.pt {'learning_rate': 0.005, 'max_epochs': 20, 'mini_batch_size': 4} 0"
-    assert ended.stdout.strip() == expected
+    assert ended.stdout.strip().splitlines() == [expected, "test_score nan in the table's scores: False"]
     [train] = kernel.widgets_with_class("nbddp-train")
     [stop] = kernel.widgets_with_class("nbddp-stop")
     assert train.history("disabled") == [False, True, False]

@@ -69,6 +69,37 @@ def test_unpicklable_argument_is_named_before_anything_starts(tmp_path):
     assert not (tmp_path / "p.pkl").exists()
 
 
+NOTEBOOK_CELLS = """
+import threading
+lock = threading.Lock()
+settings = {"epochs": 2, "guard": lock}
+def helper():
+    with lock:
+        return 1
+def train():
+    return helper()
+def configured():
+    return settings["epochs"]
+"""
+
+
+@pytest.mark.parametrize(
+    ("function", "says"),
+    [
+        ("train", "train uses the variable 'helper', which uses the variable 'lock', a lock that cannot be pickled "
+                  "(TypeError: cannot pickle '_thread.lock' object). Build it inside the function 'helper' instead"),
+        ("configured", "configured uses the variable 'settings', whose settings['guard'] is a lock that cannot be "
+                       "pickled"),
+    ],
+)
+def test_a_notebook_function_names_the_global_that_cannot_travel_and_its_path(tmp_path, function, says):
+    notebook = {"__name__": "__main__"}  # what a cell defines: cloudpickle ships it by value, globals included
+    exec(NOTEBOOK_CELLS, notebook)
+    with pytest.raises(payload.ShippingError) as caught:
+        payload.write_payload(tmp_path / "p.pkl", notebook[function], (), {})
+    assert str(caught.value).startswith(f"the function {function!r} cannot be sent to the worker processes: {says}")
+
+
 def test_unpicklable_result_names_its_type(tmp_path):
     with pytest.raises(payload.ShippingError, match="returned a generator"):
         payload.write_result(tmp_path / "r.pkl", (i for i in range(3)))

@@ -70,7 +70,7 @@ def test_jobs_reuse_the_same_processes_and_do_not_leak_into_each_other(pool):
     assert random1 == random2  # the seed is applied per job
     assert "WorkerPool: 2 × cpu (gloo), warm; 2 job(s) run, 0 recycle(s)" in pool.status()
     # a layout the pool does not have is refused before anything is sent, and the pool stays usable
-    with pytest.raises(ValueError, match="the warm pool runs 2 × cpu, not 1 × cpu: leave processes/device out"):
+    with pytest.raises(ValueError, match=r"the warm pool runs 2 × cpu \(gloo\), not 1 process: leave processes/device/gpus out"):
         pool.launch(_identity_and_state, dashboard=False, processes=1)
     assert pool.launch(_identity_and_state, dashboard=False, device="cpu", processes=2).value[0] == pid1
 
@@ -166,7 +166,7 @@ def test_ddp_pool_magic_starts_is_used_by_ddp_train_and_stops():
         pids = pool.pids
         assert shell.run_cell_magic("ddp_train", "--no-dashboard", "import os\nos.getpid()") == pids[0]
         assert shell.run_cell_magic("ddp_train", "--no-dashboard", "import os\nos.getpid()") == pids[0]
-        with pytest.raises(UsageError, match="the warm pool runs 2 × cpu"):
+        with pytest.raises(UsageError, match=r"the warm pool runs 2 × cpu \(gloo\)"):
             shell.run_cell_magic("ddp_train", "--processes 1", "1")
         with pytest.raises(UsageError, match="already started"):
             shell.run_line_magic("ddp_pool", "start")
