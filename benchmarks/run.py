@@ -15,7 +15,10 @@ collects them, prints a table and writes every figure with the machine, versions
   from a script (target >= 0.98, >= 0.95 on the noisy CPU quick run); medians of interleaved runs;
 * ``dashboard_throughput_ratio``: samples/s with the live dashboard / without, in a real kernel (>= 0.97);
 * ``pack_speedup_vs_cloudpickle``: cloudpickle's time to pack a generated corpus / the codec's (>= 10);
-* ``warm_vs_cold_first_batch``: time to the first batch on a warm pool / a cold launch (<= 0.2).
+* ``warm_vs_cold_first_batch``: time to the first batch on a warm pool / a cold launch (<= 0.2);
+* ``eval_speedup``: one dev evaluation with the whole split on every rank / with each rank's share (>= 1.6 on
+  2 ranks); on the GPU also ``world_size_1_ratio``, the same on one process, where nothing is shared (no
+  slower: >= 0.98, the noise of these timings).
 
 The ``warm_start`` part takes a warm pool's path to the first batch apart (pack, unpack, the rest).
 
@@ -46,6 +49,8 @@ TARGETS = {
     "dashboard_throughput_ratio": (">=", 0.97),
     "pack_speedup_vs_cloudpickle": (">=", 10.0),
     "warm_vs_cold_first_batch": ("<=", 0.2),
+    "eval_speedup": (">=", 1.6),
+    "world_size_1_ratio": (">=", 0.98),  # "no slower": 1.0 within the 2 % these timings vary by
 }
 
 
@@ -97,6 +102,12 @@ def throughput(
             save()
 
 
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def versions() -> dict:
     import accelerate
     import flair
@@ -118,7 +129,7 @@ def versions() -> dict:
     }
 
 
-PARTS = ("throughput", "dashboard", "shipping", "first_batch", "warm_start")
+PARTS = ("throughput", "dashboard", "shipping", "first_batch", "warm_start", "eval")
 
 
 def names_list(known: tuple[str, ...], option: str) -> Callable[[str], list[str]]:
@@ -149,9 +160,17 @@ def run_part(part: str, args: argparse.Namespace, figures: dict, save: Callable[
     elif part == "first_batch":
         figures |= script("first_batch", "--device", args.device, "--size", size,
                           "--docs", "400" if args.quick else "2000")
-    else:
+    elif part == "warm_start":
         figures["warm_start"] = script("warm_start", "--device", args.device, "--size", size,
                                        "--docs", "2000" if args.quick else "4000")
+    else:
+        docs = "800" if args.quick else "2000"
+        counts = ([2] if args.device == "cpu" or gpu_count() >= 2 else []) + ([1] if args.device == "cuda" else [])
+        for count in counts:
+            measured = script("eval_speedup", "--device", args.device, "--size", size, "--docs", docs,
+                              "--processes", str(count))
+            figures[f"eval_speedup_{count}_ranks"] = measured
+            figures |= {name: measured[name] for name in ("eval_speedup", "world_size_1_ratio") if name in measured}
 
 
 def start_figures(args: argparse.Namespace) -> dict:

@@ -52,6 +52,7 @@ def start(
     seed: int | None = None,
     run_dir: str | Path | None = None,
     pool: WorkerSource | None = None,
+    distributed_eval: bool = True,
 ) -> Run:
     """Start ``fn(*args, **kwargs)`` on every device and return the running :class:`~flair_nbddp.Run` at once.
 
@@ -68,7 +69,7 @@ def start(
     """
     return _build(
         fn, args, kwargs, processes, device, gpus, pool, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
-        hang_timeout=hang_timeout, run_dir=run_dir,
+        hang_timeout=hang_timeout, run_dir=run_dir, distributed_eval=distributed_eval,
     ).start()  # fmt: skip
 
 
@@ -87,6 +88,7 @@ def launch(
     dashboard: bool | None = None,
     run_dir: str | Path | None = None,
     pool: WorkerSource | None = None,
+    distributed_eval: bool = True,
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on one process per device and return a :class:`RunResult`.
 
@@ -122,6 +124,9 @@ def launch(
             ``$FLAIR_NBDDP_RUNS`` or the temporary directory. On a pool too: each run has its own.
         pool: run on these warm workers instead of starting new ones (a :class:`~flair_nbddp.WorkerPool`,
             or any :class:`~flair_nbddp.sources.WorkerSource`); ``processes``/``device``, if given, must match.
+        distributed_eval: with several processes, each rank evaluates only its share of every split flair
+            (or ``fn``) evaluates, and every rank gets the result one process would
+            (:mod:`flair_nbddp.distributed_eval`); False: every rank evaluates the whole split, as flair does.
 
     Raises:
         WorkerError: a rank failed (``.rank``, the remote traceback, ``.result`` with the logs).
@@ -143,7 +148,7 @@ def launch(
     """
     run = _build(
         fn, args, kwargs, processes, device, gpus, pool, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
-        hang_timeout=hang_timeout, run_dir=run_dir,
+        hang_timeout=hang_timeout, run_dir=run_dir, distributed_eval=distributed_eval,
     )  # fmt: skip
     view = open_view(run, dashboard)  # before any worker starts: an impossible view must not cost a start
     shown = False  # a run that never started has nothing to show

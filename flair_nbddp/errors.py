@@ -96,6 +96,11 @@ class MissingMultiGpuError(FlairNbddpError, RuntimeError):
     """``.train()``/``.fine_tune()`` was called without ``multi_gpu=True`` in a run of several processes."""
 
 
+class EvaluationShareError(FlairNbddpError, RuntimeError):
+    """flair's ``evaluate`` did not take the shared-out batches it was given (a flair change the kit does not know);
+    ``distributed_eval=False`` evaluates as flair does."""
+
+
 class HealthCheckError(FlairNbddpError, RuntimeError):
     """The all-reduce every job starts with did not add up: the process group is broken."""
 

@@ -44,13 +44,15 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class Job:
-    """One run for a group of workers: its packed call, where rank 0 puts the result, the seed, and the run
-    directory each rank writes its output to (``rank<r>.log``) while the job runs."""
+    """One run for a group of workers: its packed call, where rank 0 puts the result, the seed, the run
+    directory each rank writes its output to (``rank<r>.log``) while the job runs, and whether the ranks
+    share out flair's evaluations (:mod:`flair_nbddp.distributed_eval`)."""
 
     payload: str
     result: str
     seed: int
     run_dir: str
+    distributed_eval: bool = True
 
 
 @dataclass(frozen=True)

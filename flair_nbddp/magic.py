@@ -120,6 +120,10 @@ class DdpMagics(Magics):
         f"(default {DEFAULT_HANG_TIMEOUT:g})",
     )  # fmt: skip
     @argument("--seed", type=int, default=None, help="the seed every rank gets (default: a random one)")
+    @argument(
+        "--no-distributed-eval", action="store_true",
+        help="every rank evaluates whole splits, as flair does (default: each rank its share)",
+    )  # fmt: skip
     @cell_magic
     def ddp_train(self, line: str, cell: str):
         """Run the cell on every rank (flair's ``multi_gpu=True`` works in it); rank 0's last value is the output.
@@ -147,6 +151,7 @@ class DdpMagics(Magics):
                 seed=options.seed,
                 dashboard=False if options.no_dashboard else None,
                 pool=pool,
+                distributed_eval=not options.no_distributed_eval,
             )
         except ShippingError as error:
             raise UsageError(_unshippable(shipped) or str(error)) from None

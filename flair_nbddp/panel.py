@@ -421,7 +421,8 @@ class TrainingPanel:
         fixed: more keyword arguments every run passes unchanged (paths, ``return_model=False``...).
         processes, device: the selector's first choice (default: every GPU, else 2 CPU processes;
             ``$FLAIR_NBDDP_PROCESSES``/``$FLAIR_NBDDP_DEVICE`` apply).
-        seed, timeout, stop_timeout, hang_timeout: passed to every :class:`~flair_nbddp.Run`.
+        seed, timeout, stop_timeout, hang_timeout, distributed_eval: passed to every :class:`~flair_nbddp.Run`
+            (as for :func:`~flair_nbddp.launch`).
 
     Raises:
         ConfigurationError: (a ``ValueError``) a param makes no widget, or ``fn`` would not accept the
@@ -460,11 +461,15 @@ class TrainingPanel:
         timeout: float | None = None,
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
         hang_timeout: float | None = DEFAULT_HANG_TIMEOUT,
+        distributed_eval: bool = True,
     ) -> None:
         if not callable(fn):
             raise NotCallableError(f"fn must be callable (the training function), not {type(fn).__name__}")
         self.fn, self.corpus, self.fixed = fn, corpus, dict(fixed or {})
-        self.run_options = dict(seed=seed, timeout=timeout, stop_timeout=stop_timeout, hang_timeout=hang_timeout)
+        self.run_options = dict(
+            seed=seed, timeout=timeout, stop_timeout=stop_timeout, hang_timeout=hang_timeout,
+            distributed_eval=distributed_eval,
+        )  # fmt: skip
         self.controls = build_form(dict(params or {}))
         self._check_arguments()
         self.runs: list[PanelRun] = []

@@ -83,7 +83,7 @@ class Run:
         fn, args, kwargs: the call every rank makes (packed once, read by every rank).
         source: where the ranks come from (:class:`~flair_nbddp.sources.ColdWorkers`, a
             :class:`~flair_nbddp.WorkerPool`, or any :class:`~flair_nbddp.sources.WorkerSource`).
-        seed, timeout, stop_timeout, hang_timeout, run_dir: as for :func:`flair_nbddp.launch`.
+        seed, timeout, stop_timeout, hang_timeout, run_dir, distributed_eval: as for :func:`flair_nbddp.launch`.
 
     Raises:
         NotCallableError: ``fn`` is not callable.
@@ -101,6 +101,7 @@ class Run:
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
         hang_timeout: float | None = DEFAULT_HANG_TIMEOUT,
         run_dir: str | Path | None = None,
+        distributed_eval: bool = True,
     ) -> None:
         if not callable(fn):
             raise NotCallableError(f"fn must be callable (a function to run on every rank), not {type(fn).__name__}")
@@ -109,6 +110,7 @@ class Run:
         self._call: tuple | None = (fn, tuple(args), dict(kwargs or {}))  # dropped once packed: no corpus kept
         self.limits = Limits(timeout, stop_timeout, hang_timeout)
         self._run_dir_wanted = run_dir
+        self.distributed_eval = bool(distributed_eval)
         self.dir: RunDir | None = None  # created by start()
         self.state = RunState(world_size=self.plan.world_size, device_type=self.plan.device_type)
         self.group: RankGroup | None = None
@@ -167,7 +169,7 @@ class Run:
         try:
             payload.write_payload(self.dir.payload, *self._call)
             self._call = None
-            job = Job(str(self.dir.payload), str(self.dir.result), self.seed, str(self.run_dir))
+            job = Job(str(self.dir.payload), str(self.dir.result), self.seed, str(self.run_dir), self.distributed_eval)
             tail = LogTail(self.dir.log(0))  # from here: a reused run_dir's earlier output is not this run's
             self.group = self.source.acquire(job)  # all or nothing: a source that raises has cleaned up
             self._supervisor = Supervisor(self.group, self.state, self.limits, self.dir, tail)

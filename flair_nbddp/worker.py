@@ -35,7 +35,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable
 
-from . import payload
+from . import distributed_eval, payload
 from .counters import TrainingCounters
 from .errors import HealthCheckError
 from .events import (
@@ -85,6 +85,7 @@ class _Vitals:
     device: Any = None
     counters: Any = None
     control_group: Any = None  # gloo group of every rank for the per-batch stop agreement (None: one process)
+    store: Any = None  # the rendezvous store (a TCPStore), which the ranks also agree through
     idle = True  # a worker waiting for its next job sends no heartbeats
 
     def __init__(self) -> None:
@@ -188,6 +189,7 @@ def _bend_flair(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
     flair.device = vitals.device
     flair_compat.allow_cpu_ddp()
     flair_compat.instrument_trainer(sender, spec.rank, spec.world_size, vitals.counters, vitals.control_group)
+    distributed_eval.install(spec.rank, spec.world_size, vitals.control_group, vitals.store)
     vitals.flair_logger.remember()  # with the handlers flair's import configured
 
 
@@ -210,7 +212,7 @@ def set_up(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
     vitals.flair_logger.remember()
     # rank 0 serves the store on the loopback socket the parent bound for it; before torch 2.8 the libuv store
     # (the default from 2.4) cannot serve an inherited socket, and the other one (the default before) can
-    store = dist.TCPStore(
+    vitals.store = store = dist.TCPStore(
         "127.0.0.1",
         spec.port,
         spec.world_size,
@@ -301,8 +303,11 @@ def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) ->
         _check_health(spec.world_size, vitals.device)
         sender.send(Started(rank, os.getpid(), str(vitals.device)))
         _seed_everything(job.seed)
-
-        value = fn(*args, **kwargs)
+        distributed_eval.start_job(f"flair_nbddp/{Path(job.run_dir).name}", job.distributed_eval)
+        try:
+            value = fn(*args, **kwargs)
+        finally:
+            distributed_eval.end_job()
 
         if rank == 0:
             _return_value(job, value)

@@ -161,15 +161,16 @@ def test_timeouts_seed_and_gpus_reach_launch(shell, launched):
     shell.run_cell_magic("ddp_train", "--gpus 0,2 --stop-timeout 5 --hang-timeout 60 --seed 3 --timeout 9", "1")
     options = launched[0]
     assert options["gpus"] == [0, 2] and options["seed"] == 3 and options["timeout"] == 9
-    assert options["stop_timeout"] == 5 and options["hang_timeout"] == 60
-    shell.run_cell_magic("ddp_train", "--hang-timeout 0", "1")
+    assert options["stop_timeout"] == 5 and options["hang_timeout"] == 60 and options["distributed_eval"] is True
+    shell.run_cell_magic("ddp_train", "--hang-timeout 0 --no-distributed-eval", "1")
     assert launched[1]["hang_timeout"] is None and launched[1]["stop_timeout"] == 30 and launched[1]["gpus"] is None
+    assert launched[1]["distributed_eval"] is False
 
 
 def test_help_lists_every_option(shell):
     doc = shell.find_cell_magic("ddp_train").__doc__
     for option in ("--processes", "--device", "--gpus", "--out", "--no-dashboard", "--timeout", "--stop-timeout",
-                   "--hang-timeout", "--seed"):
+                   "--hang-timeout", "--seed", "--no-distributed-eval"):
         assert option in doc, option
 
 

@@ -266,6 +266,14 @@ def test_stop_asks_the_run_to_stop_gracefully_and_a_second_train_works(panel, fa
     assert history.index("0.001") < history.index("0.005")  # newest first
 
 
+def test_the_fixed_run_options_reach_every_run(fake_runs):
+    panel = TrainingPanel(_train, corpus="the corpus", params={"learning_rate": 5e-3}, fixed={"model_path": "tiny"},
+                          seed=7, hang_timeout=60, distributed_eval=False)  # fmt: skip
+    panel.train()
+    options = fake_runs[0].options
+    assert (options["seed"], options["hang_timeout"], options["distributed_eval"]) == (7, 60, False)
+
+
 def test_a_stopped_run_shows_no_test_score_rather_than_a_zero(panel, fake_runs):
     panel.train()
     fake_runs[0].end("stopped", value={"test_score": float("nan")}, metrics=[("dev/score", 0.7)])

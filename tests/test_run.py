@@ -84,9 +84,9 @@ def finish(source: FakeSource, value) -> None:
 
 
 def test_a_run_needs_nothing_of_its_source_but_the_protocol(source, tmp_path):
-    run = Run(double, (21,), {}, source, seed=3, run_dir=tmp_path / "run").start()
+    run = Run(double, (21,), {}, source, seed=3, run_dir=tmp_path / "run", distributed_eval=False).start()
     [job] = source.jobs
-    assert (job.seed, job.run_dir) == (3, str(tmp_path / "run"))
+    assert (job.seed, job.run_dir, job.distributed_eval) == (3, str(tmp_path / "run"), False)
     assert payload.read_payload(job.payload)[1] == (21,)  # the call, packed once for every rank
     finish(source, 42)
     result = run.wait(timeout=10)

@@ -1,0 +1,170 @@
+"""Distributed evaluation: each rank evaluates its share, and every rank gets exactly one process's result.
+
+The multi-process tests train one model of each kind for a few epochs on 2 gloo ranks (the trainer's dev and
+test evaluations are shared out too), evaluate it there on an odd-sized split, a one-sentence split and an
+empty one, and compare with ``evaluate`` of the returned model in this process, on the whole split.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+import eval_jobs
+from flair_nbddp import distributed_eval, launch
+
+KINDS = eval_jobs.KINDS
+
+
+def _single_process(model, points, label_type, out_path):
+    """``evaluate`` here, with one thread as in each worker (so float sums run in the same order)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return eval_jobs.summary(eval_jobs.evaluated(model, points, label_type, out_path))
+    finally:
+        torch.set_num_threads(threads)
+
+
+# -- without processes: where predictions sit, and the batches -------------------------------------------
+def _roundtrip(point, fresh):
+    located = distributed_eval._labels_of(point)
+    for where, value, score, metadata in located:
+        distributed_eval._part(fresh, where).add_label("predicted", value, score, **metadata)
+    return located
+
+
+def test_predicted_labels_travel_by_position_to_an_equal_sentence():
+    from flair.data import Relation, Sentence
+
+    def sentence():
+        return Sentence("Anna met Bruno in Lisbon .")
+
+    predicted = sentence()
+    predicted.add_label("predicted", "POSITIVE", 0.75)
+    predicted[4].add_label("predicted", "NOUN", 0.5, source="tagger")
+    Relation(predicted[0:1], predicted[4:5]).add_label("predicted", "VISITED", 0.9)
+    predicted[2:3].add_label("predicted", "PER", 0.8)
+    fresh = sentence()
+    located = _roundtrip(predicted, fresh)
+    assert [where for where, *_ in located] == [(), ("token", 4), ("relation", (0, 1), (4, 5)), ("span", 2, 3)]
+    identifiers = [(label.labeled_identifier, label.score, label.metadata) for label in fresh.get_labels("predicted")]
+    assert identifiers == [
+        (label.labeled_identifier, label.score, label.metadata) for label in predicted.get_labels("predicted")
+    ]
+    assert fresh[4].get_label("predicted").metadata == {"source": "tagger"}
+
+
+def test_a_pair_keeps_its_own_label():
+    from flair.data import Sentence, TextPair
+
+    pair, fresh = (TextPair(Sentence("a b"), Sentence("c d")) for _ in range(2))
+    pair.add_label("predicted", "SAME", 0.6)
+    assert _roundtrip(pair, fresh) == [((), "SAME", 0.6, {})]
+    assert fresh.get_label("predicted").value == "SAME"
+
+
+def test_a_label_pointing_into_another_sentence_cannot_be_located():
+    from flair.data import Sentence
+
+    point, other = Sentence("a b"), Sentence("c d")
+    point.annotation_layers["predicted"] = [other.get_label("x")]  # a label on a data point elsewhere
+    assert distributed_eval._labels_of(point) is None
+
+
+def test_the_shares_are_flairs_own_evaluation_batches():
+    from flair.data import Sentence
+
+    points = [Sentence(f"sentence {i}") for i in range(10)]
+    batches = distributed_eval._batches(points, 4)
+    assert [len(batch) for batch in batches] == [4, 4, 2] and batches[2][1] is points[9]
+    assert distributed_eval._batches([], 4) == []
+
+
+def test_one_process_evaluates_as_flair_does():
+    assert not distributed_eval._active()  # no process group here: evaluate is flair's own
+
+
+# -- on 2 gloo ranks ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shared_out(tiny_model_path, tmp_path_factory):
+    base = tmp_path_factory.mktemp("distributed-eval")
+    result = launch(eval_jobs.evaluate_everywhere, (KINDS, tiny_model_path, str(base)), processes=2, device="cpu",
+                    dashboard=False, seed=3)  # fmt: skip
+    return result.value, base
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("kind", KINDS)
+def test_shared_out_evaluation_equals_one_process_on_the_whole_split(shared_out, tiny_model_path, kind, tmp_path):
+    value, _ = shared_out
+    outcome = value[kind]
+    corpus, _, label_type = eval_jobs.build(kind, tiny_model_path)
+    batches = {"test": math.ceil(outcome["sizes"][1] / eval_jobs.BATCH), "one": 1, "none": 0}
+    for name, points in eval_jobs.splits(corpus).items():
+        reference_file = tmp_path / f"{name}.tsv"
+        expected = _single_process(outcome["model"], points, label_type, reference_file)
+        got = outcome["every_rank"][name]
+        assert got[0] == expected, f"{kind}/{name}: rank 0's result differs from one process's"
+        assert got[1] == got[0], f"{kind}/{name}: the ranks got different results"
+        # rank 0 wrote the file, every line as one process writes it; rank 1 wrote none
+        assert outcome["written"][name] == [0]
+        assert outcome["files"][name] == reference_file.read_text()
+        # no batch twice, none left out: rank r computed batches r, r + 2, ...
+        assert outcome["computed_here"][name] == [math.ceil(batches[name] / 2), batches[name] // 2]
+    # varied predictions make the equality telling
+    if kind == "relation":  # flair leaves out pairs with no relation, gold or predicted
+        assert 0 < outcome["files"]["test"].count(" - Pred: VISITED") < outcome["sizes"][1]
+    elif kind != "regression":
+        pattern = r"^\S+ \S+ (\S+)$" if kind.startswith("tagger") else r"^ - Pred: (.*)$"  # token gold predicted
+        predicted = set(re.findall(pattern, outcome["files"]["test"], flags=re.M))
+        assert len(predicted) >= 2, outcome["files"]["test"][:500]
+    else:
+        assert outcome["every_rank"]["one"][0][0] == "ValueError"  # flair's own error on one point, on every rank
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_trainers_dev_and_test_evaluations_are_shared_out(shared_out, kind):
+    outcome = shared_out[0][kind]
+    dev, test = outcome["sizes"]
+    every_batch = outcome["epochs"] * math.ceil(dev / eval_jobs.BATCH) + math.ceil(test / eval_jobs.BATCH)
+    computed = outcome["computed_in_training"]
+    assert sum(computed) == every_batch and abs(computed[0] - computed[1]) <= outcome["epochs"] + 1, computed
+
+
+@pytest.mark.process
+def test_without_distributed_eval_every_rank_evaluates_the_whole_split(tiny_model_path, tmp_path):
+    result = launch(eval_jobs.evaluate_everywhere, (("tagger",), tiny_model_path, str(tmp_path)), processes=2,
+                    device="cpu", dashboard=False, seed=3, distributed_eval=False)  # fmt: skip
+    outcome = result.value["tagger"]
+    assert outcome["computed_in_training"] == [0, 0] and outcome["computed_here"]["test"] == [0, 0]
+    assert outcome["written"]["test"] == [0, 1]  # flair's own way: every rank writes its file
+    corpus, _, label_type = eval_jobs.build("tagger", tiny_model_path)
+    expected = _single_process(outcome["model"], eval_jobs.splits(corpus)["test"], label_type, None)
+    assert outcome["every_rank"]["test"] == [expected, expected]
+
+
+@pytest.mark.process
+def test_a_rank_evaluating_alone_evaluates_the_whole_split_without_waiting(tiny_model_path, tmp_path):
+    result = launch(eval_jobs.evaluate_on_rank_0_only, ("text", tiny_model_path, str(tmp_path)), processes=2,
+                    device="cpu", dashboard=False, seed=3)  # fmt: skip
+    corpus, _, label_type = eval_jobs.build("text", tiny_model_path)
+    reference_file = tmp_path / "reference.tsv"
+    expected = _single_process(result.value["model"], eval_jobs.splits(corpus)["test"], label_type, reference_file)
+    assert eval_jobs.summary(result.value["result"]) == expected
+    assert result.value["file"] == reference_file.read_text()
+    assert "TextClassifier.evaluate ran on the whole split on this rank alone: the other ranks were not" in result.log
+    assert result.elapsed < distributed_eval.AGREEMENT_SECONDS  # rank 1 had returned: no waiting it out
+
+
+@pytest.mark.process
+def test_a_model_with_its_own_evaluate_is_evaluated_whole_with_one_notice(tiny_model_path):
+    result = launch(eval_jobs.evaluate_a_pair_regressor_twice, (tiny_model_path,), processes=2, device="cpu",
+                    dashboard=False, seed=3)  # fmt: skip
+    assert len(result.value) == 2 and result.value[0] == result.value[1]
+    notice = "flair_nbddp: TextPairRegressor.evaluate runs on the whole split on every rank"
+    assert result.log.count(notice) == 1, result.log[-3000:]
