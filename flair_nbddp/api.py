@@ -53,6 +53,7 @@ def start(
     run_dir: str | Path | None = None,
     pool: WorkerSource | None = None,
     distributed_eval: bool = True,
+    output: str = "rank0",
 ) -> Run:
     """Start ``fn(*args, **kwargs)`` on every device and return the running :class:`~flair_nbddp.Run` at once.
 
@@ -69,7 +70,7 @@ def start(
     """
     return _build(
         fn, args, kwargs, processes, device, gpus, pool, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
-        hang_timeout=hang_timeout, run_dir=run_dir, distributed_eval=distributed_eval,
+        hang_timeout=hang_timeout, run_dir=run_dir, distributed_eval=distributed_eval, output=output,
     ).start()  # fmt: skip
 
 
@@ -89,6 +90,7 @@ def launch(
     run_dir: str | Path | None = None,
     pool: WorkerSource | None = None,
     distributed_eval: bool = True,
+    output: str = "rank0",
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on one process per device and return a :class:`RunResult`.
 
@@ -118,8 +120,11 @@ def launch(
             different Python functions (polling, retrying) looks busy to it: ``timeout`` bounds those.
         seed: the seed given to every rank (``flair.set_seed``); if None, ``$FLAIR_NBDDP_SEED`` or a random
             one. Kept in the result.
-        dashboard: None shows the live widget dashboard in a notebook (plain progress lines and rank 0's
-            log elsewhere); True insists on the widget; False shows nothing but rank 0's log lines.
+        dashboard: None shows the live widget dashboard in a notebook (plain progress lines and the output
+            elsewhere); True insists on the widget; False shows nothing but the output lines.
+        output: ``"rank0"``: rank 0's output, and every other rank's stderr lines and warnings as they come,
+            prefixed ``[rank r]``; ``"all"``: every line of every rank, prefixed. Each rank's full output is
+            in its log either way (``RunResult.logs``).
         run_dir: the run's directory (logs, payload, result); default a new private one under
             ``$FLAIR_NBDDP_RUNS`` or the temporary directory. On a pool too: each run has its own.
         pool: run on these warm workers instead of starting new ones (a :class:`~flair_nbddp.WorkerPool`,
@@ -148,7 +153,7 @@ def launch(
     """
     run = _build(
         fn, args, kwargs, processes, device, gpus, pool, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
-        hang_timeout=hang_timeout, run_dir=run_dir, distributed_eval=distributed_eval,
+        hang_timeout=hang_timeout, run_dir=run_dir, distributed_eval=distributed_eval, output=output,
     )  # fmt: skip
     view = open_view(run, dashboard)  # before any worker starts: an impossible view must not cost a start
     shown = False  # a run that never started has nothing to show

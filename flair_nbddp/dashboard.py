@@ -27,7 +27,7 @@ from typing import Any, Callable
 from .errors import DashboardUnavailableError, WorkerError
 from .result import RunResult
 from .run import Run
-from .state import MetricPoint, Snapshot
+from .state import MetricPoint, RankInfo, Snapshot, rank_health
 
 Series = dict[str, list[tuple[int, float]]]
 Problem = tuple[str, str]  # a failure's headline and details; ("", "") for none
@@ -46,6 +46,7 @@ LEARNING_RATE_METRICS = ("learning_rate", "learning_rate/0")
 CURVE_METRICS = LOSS_METRICS[:1] + LEARNING_RATE_METRICS
 EPOCH_COLUMNS = {"train/loss": "train loss", "dev/loss": "dev loss", "dev/score": "dev score"}
 LOG_TAIL_LINES = 15
+CELL_VIEW = -1  # the per-rank view's first choice: what the cell shows, not one rank's own output
 MAX_CHART_POINTS = 300
 REDRAW_INTERVAL = 0.2  # at most 5 redraws a second
 CLOCK_INTERVAL = 1.0  # redraw this often even without news, so the elapsed time moves
@@ -270,30 +271,74 @@ def _rank_state(alive: bool, exit_code: int | None, run_ended: bool) -> str:
     return f'<span style="color:{STATUS_COLORS["failed"]}">exit {exit_code}</span>'
 
 
-def ranks_table_html(snapshot: Snapshot) -> str:
-    """One row per rank: device, pid, alive, training steps, samples/s, memory and when it was last heard from."""
+RANK_COLUMNS = ["rank", "device", "pid", "state", "step", "samples/s", "host mem", "GPU mem", "GPU busy",
+                "heartbeat", "health"]  # fmt: skip
+
+
+def _rank_cells(rank: RankInfo, snapshot: Snapshot, health: dict[int, str]) -> list[str]:
+    """A rank's figures as plain text, in ``RANK_COLUMNS`` order (state and health without their colour)."""
     now = snapshot.ended_at or time.time()
-    rows = [
-        [
-            str(rank.rank),
-            _escape(rank.device or "—"),
-            str(rank.pid or "—"),
-            _rank_state(rank.alive, rank.exit_code, snapshot.ended_at is not None),
-            str(rank.step),
-            f"{rank.samples_per_second:.1f}",
-            format_bytes(rank.memory_bytes),
-            f"{max(0.0, now - rank.last_seen):.1f} s ago" if rank.pid else "—",
-        ]
-        for rank in snapshot.ranks
+    state = "alive" if rank.alive and snapshot.ended_at is None else (
+        "ended" if rank.exit_code in (0, None) else f"exit {rank.exit_code}"
+    )  # fmt: skip
+    return [
+        str(rank.rank),
+        rank.device or "—",
+        str(rank.pid or "—"),
+        state,
+        str(rank.step),
+        f"{rank.samples_per_second:.1f}",
+        format_bytes(rank.host_memory_bytes) if rank.host_memory_bytes else "—",
+        format_bytes(rank.gpu_memory_bytes) if rank.device.startswith("cuda") else "—",
+        f"{rank.gpu_utilization} %" if rank.gpu_utilization is not None else "—",
+        f"{max(0.0, now - rank.last_seen):.1f} s ago" if rank.pid else "—",
+        f"⚠ {health[rank.rank]}" if rank.rank in health else "ok" if rank.pid else "—",
     ]
-    return _table(["rank", "device", "pid", "state", "step", "samples/s", "memory", "last seen"], rows)
 
 
-def log_html(snapshot: Snapshot, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of rank 0's output, escaped, in a monospace block."""
-    tail = "\n".join(snapshot.log_lines[-lines:]) or "(no output yet)"
+def ranks_table_html(snapshot: Snapshot) -> str:
+    """One row per rank: device, pid, state, steps, samples/s, host and GPU memory, GPU utilisation (with NVML),
+    the age of its last heartbeat, and a mark on a straggler or a silent rank."""
+    health = rank_health(snapshot)
+    rows = []
+    for rank in snapshot.ranks:
+        cells = [_escape(cell) for cell in _rank_cells(rank, snapshot, health)]
+        cells[3] = _rank_state(rank.alive, rank.exit_code, snapshot.ended_at is not None)
+        if rank.rank in health:
+            cells[-1] = f'<b style="color:{STATUS_COLORS["stopped"]}">{cells[-1]}</b>'
+        rows.append(cells)
+    return _table(RANK_COLUMNS, rows)
+
+
+def ranks_table_text(snapshot: Snapshot) -> str:
+    """The ranks as a plain-text table, for scripts and the text a saved notebook keeps.
+
+    Example:
+        >>> from flair_nbddp.state import RunState
+        >>> print(ranks_table_text(RunState(world_size=1, device_type="cpu").snapshot()).splitlines()[0])
+        rank  device  pid  state  step  samples/s  host mem  GPU mem  GPU busy  heartbeat  health
+    """
+    health = rank_health(snapshot)
+    rows = [RANK_COLUMNS] + [_rank_cells(rank, snapshot, health) for rank in snapshot.ranks]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(RANK_COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+def rank_line(snapshot: Snapshot, rank: int) -> str:
+    """One rank's figures in a line, above its log in the dashboard's per-rank view."""
+    cells = dict(zip(RANK_COLUMNS, _rank_cells(snapshot.ranks[rank], snapshot, rank_health(snapshot))))
+    figures = " · ".join(f"{name} {cells[name]}" for name in RANK_COLUMNS[4:])
+    return f"rank {rank} on {cells['device']}, {cells['state']} · {figures}"
+
+
+def log_html(snapshot: Snapshot, lines: int = LOG_TAIL_LINES, rank: int | None = None) -> str:
+    """The last ``lines`` lines the cell shows (``rank`` None: rank 0's output and the other ranks' warnings), or of
+    rank ``rank``'s own output under a line of its figures, escaped, in a monospace block."""
+    shown = snapshot.log_lines if rank is None else snapshot.rank_logs[rank]
+    tail = "\n".join(shown[-lines:]) or "(no output yet)"
+    head = "" if rank is None else f'<div style="font-size:11px;color:{_MUTED}">{_escape(rank_line(snapshot, rank))}</div>'
     return (
-        f'<pre style="margin:0;padding:6px 8px;background:{_PANEL};font-size:11px;line-height:1.35;'
+        f'{head}<pre style="margin:0;padding:6px 8px;background:{_PANEL};font-size:11px;line-height:1.35;'
         f'white-space:pre;overflow-x:auto">{_escape(tail)}</pre>'
     )
 
@@ -505,6 +550,7 @@ class TextView(NullView):
         snapshot = self._run.state.snapshot()
         status = end_status(result, error)
         print(summary_text(replace(snapshot, status=status), describe_problem(error)), flush=True)
+        print(ranks_table_text(snapshot), flush=True)
 
 
 class Dashboard(RunView):
@@ -519,9 +565,14 @@ class Dashboard(RunView):
     (GitHub, nbconvert without widget state). nbval ignores display updates and compares the first
     ``text/plain``, so mark a training cell ``# NBVAL_IGNORE_OUTPUT`` (its timings differ anyway).
 
+    The per-rank view (``rank_view``, CSS class ``nbddp-rank-view``) switches the log between what the cell
+    shows (rank 0's output and every rank's warnings) and one rank's own output under a line of its figures;
+    the ranks table marks a straggler or a silent rank.
+
     The widgets are attributes (``status``, ``bar``, ``progress``, ``charts``, ``epochs``, ``ranks``,
-    ``log``, ``outcome``; ``widget`` is the root), with CSS classes ``nbddp-dashboard``, ``nbddp-status``,
-    ``nbddp-progress``, ``nbddp-log`` and ``nbddp-outcome`` (shown once finished).
+    ``rank_view``, ``log``, ``outcome``; ``widget`` is the root), with CSS classes ``nbddp-dashboard``,
+    ``nbddp-status``, ``nbddp-progress``, ``nbddp-rank-view``, ``nbddp-log`` and ``nbddp-outcome`` (shown once
+    finished).
 
     Example::
 
@@ -552,6 +603,13 @@ class Dashboard(RunView):
         self.epochs = widgets.HTML(layout=widgets.Layout(margin="0 40px 6px 0"))
         self.ranks = widgets.HTML()
         self.log = widgets.HTML(layout=widgets.Layout(width="100%", overflow="auto"))  # long lines scroll
+        self.rank_view = widgets.ToggleButtons(
+            options=[("cell", CELL_VIEW)] + [(f"rank {rank}", rank) for rank in range(run.plan.world_size)],
+            value=CELL_VIEW, style={"button_width": "64px"},
+            tooltips=["rank 0's output and every rank's warnings"] + ["this rank's own output"] * run.plan.world_size,
+        )  # fmt: skip
+        self.rank_view.observe(lambda _: self._draw_log(self._snapshot()), names="value")
+        self.rank_view.add_class("nbddp-rank-view")
         self.status.add_class("nbddp-status")
         self.bar.add_class("nbddp-progress")
         self.log.add_class("nbddp-log")
@@ -564,6 +622,7 @@ class Dashboard(RunView):
                 self.outcome,
                 self.charts,
                 widgets.HBox([self.epochs, self.ranks], layout=widgets.Layout(flex_flow="row wrap", width="100%")),
+                self.rank_view,
                 self.log,
             ],
             layout=widgets.Layout(border=f"1px solid {_BORDER}", padding="6px 12px", max_width="980px"),
@@ -589,7 +648,11 @@ class Dashboard(RunView):
         self.charts.value = charts_html(series)
         self.epochs.value = epoch_table_html(series)
         self.ranks.value = ranks_table_html(snapshot)
-        self.log.value = log_html(snapshot)
+        self._draw_log(snapshot)
+
+    def _draw_log(self, snapshot: Snapshot) -> None:
+        chosen = self.rank_view.value
+        self.log.value = log_html(snapshot, rank=None if chosen == CELL_VIEW else chosen)
 
     def refresh(self) -> bool:
         """Redraw if the state changed since the last redraw, or the clock is due; True if it redrew."""
@@ -617,7 +680,7 @@ class Dashboard(RunView):
         """The widget, with a ``text/plain`` and ``text/html`` description for frontends that cannot render it."""
         snapshot = self._snapshot()
         bundle = self.widget._repr_mimebundle_(**kwargs)
-        bundle["text/plain"] = summary_text(snapshot, self._problem)
+        bundle["text/plain"] = f"{summary_text(snapshot, self._problem)}\n{ranks_table_text(snapshot)}"
         bundle["text/html"] = dashboard_html(snapshot, self._problem)
         return bundle
 

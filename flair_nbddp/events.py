@@ -97,7 +97,9 @@ class Heartbeat(Event):
     step: int
     samples: int
     samples_per_second: float
-    memory_bytes: int
+    host_memory_bytes: int  # the process's resident memory
+    gpu_memory_bytes: int = 0  # torch's allocated memory on its GPU (0 on CPU)
+    gpu_utilization: int | None = None  # percent busy, where NVML (nvidia-ml-py) is there; else None
     activity: int = 0  # a hash of the main thread's call stack: unchanged for long means stuck
 
 

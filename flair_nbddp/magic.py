@@ -121,6 +121,10 @@ class DdpMagics(Magics):
     )  # fmt: skip
     @argument("--seed", type=int, default=None, help="the seed every rank gets (default: a random one)")
     @argument(
+        "--output", choices=["rank0", "all"], default="rank0",
+        help="rank0: rank 0's output and every rank's warnings and stderr (default); all: every rank's output",
+    )  # fmt: skip
+    @argument(
         "--no-distributed-eval", action="store_true",
         help="every rank evaluates whole splits, as flair does (default: each rank its share)",
     )  # fmt: skip
@@ -152,6 +156,7 @@ class DdpMagics(Magics):
                 dashboard=False if options.no_dashboard else None,
                 pool=pool,
                 distributed_eval=not options.no_distributed_eval,
+                output=options.output,
             )
         except ShippingError as error:
             raise UsageError(_unshippable(shipped) or str(error)) from None

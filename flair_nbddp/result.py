@@ -23,12 +23,14 @@ class RunResult:
         elapsed: seconds from launch to the end of the run.
         time_to_first_batch: seconds from launch to rank 0's first finished training batch (None if none).
         samples_per_second: training throughput summed over ranks (0.0 if nothing trained).
-        log: rank 0's output (flair's log lines) during this run, as shown in the cell.
+        log: the lines the cell showed: rank 0's output and every other rank's stderr and warnings, prefixed
+            ``[rank r]`` (every line of every rank with ``output="all"``); ``logs`` has each rank's full text.
         metrics: every scalar flair recorded on rank 0, in order (``history`` filters by name).
-        ranks: the last word from each rank (pid, device, steps, throughput, memory, exit code).
+        ranks: the last word from each rank (pid, device, steps, samples, throughput, host and GPU memory, exit
+            code); steps and samples are exact (a final heartbeat precedes each rank's end).
         seed: the seed every rank was given.
         run_dir: the run's private directory (on a warm pool too); ``log_files`` maps rank → its full output
-            during this run there.
+            during this run there; ``log_starts`` where this run's output begins in each.
         checkpoint: where the model was saved when the run was stopped (``status == "stopped"``).
         error: the failure (WorkerError, RunTimeoutError, RunHangError) when ``status == "failed"``.
 
@@ -55,6 +57,7 @@ class RunResult:
     log_files: dict[int, Path] = field(default_factory=dict)
     checkpoint: Path | None = None
     error: Exception | None = None
+    log_starts: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def from_run(cls, run: Any, value: Any, error: Exception | None) -> RunResult:
@@ -77,9 +80,23 @@ class RunResult:
             seed=run.seed,
             run_dir=run.run_dir,
             log_files=run.log_files,
+            log_starts=run.log_starts,
             checkpoint=Path(snapshot.checkpoint) if snapshot.checkpoint else None,
             error=error,
         )
+
+    @property
+    def logs(self) -> dict[int, str]:
+        """``{rank: the full text it printed during this run}``, read from the rank logs in ``run_dir``."""
+        texts = {}
+        for rank, path in self.log_files.items():
+            try:
+                with open(path, "rb") as handle:
+                    handle.seek(self.log_starts.get(rank, 0))
+                    texts[rank] = handle.read().decode("utf-8", "replace")
+            except FileNotFoundError:
+                texts[rank] = ""
+        return texts
 
     def history(self, name: str) -> list[tuple[int, float]]:
         """``(step, value)`` pairs of one metric, e.g. ``"train/loss"`` (per epoch) or ``"dev/score"``."""

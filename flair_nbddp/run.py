@@ -36,7 +36,8 @@ from .errors import (
 )
 from .events import Job
 from .result import RunResult
-from .rundir import LogTail, RunDir
+from .rank_output import RankOutput, check_output_mode
+from .rundir import RunDir
 from .sources import RankGroup, WorkerSource
 from .state import RunState
 from .supervisor import Limits, Supervisor
@@ -83,10 +84,12 @@ class Run:
         fn, args, kwargs: the call every rank makes (packed once, read by every rank).
         source: where the ranks come from (:class:`~flair_nbddp.sources.ColdWorkers`, a
             :class:`~flair_nbddp.WorkerPool`, or any :class:`~flair_nbddp.sources.WorkerSource`).
-        seed, timeout, stop_timeout, hang_timeout, run_dir, distributed_eval: as for :func:`flair_nbddp.launch`.
+        seed, timeout, stop_timeout, hang_timeout, run_dir, distributed_eval, output: as for
+            :func:`flair_nbddp.launch`.
 
     Raises:
         NotCallableError: ``fn`` is not callable.
+        ConfigurationError: ``output`` is not ``"rank0"`` or ``"all"``.
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class Run:
         hang_timeout: float | None = DEFAULT_HANG_TIMEOUT,
         run_dir: str | Path | None = None,
         distributed_eval: bool = True,
+        output: str = "rank0",
     ) -> None:
         if not callable(fn):
             raise NotCallableError(f"fn must be callable (a function to run on every rank), not {type(fn).__name__}")
@@ -111,6 +115,8 @@ class Run:
         self.limits = Limits(timeout, stop_timeout, hang_timeout)
         self._run_dir_wanted = run_dir
         self.distributed_eval = bool(distributed_eval)
+        self.output_mode = check_output_mode(output)
+        self.log_starts: dict[int, int] = {}  # where this run's output begins in each rank's log
         self.dir: RunDir | None = None  # created by start()
         self.state = RunState(world_size=self.plan.world_size, device_type=self.plan.device_type)
         self.group: RankGroup | None = None
@@ -170,9 +176,11 @@ class Run:
             payload.write_payload(self.dir.payload, *self._call)
             self._call = None
             job = Job(str(self.dir.payload), str(self.dir.result), self.seed, str(self.run_dir), self.distributed_eval)
-            tail = LogTail(self.dir.log(0))  # from here: a reused run_dir's earlier output is not this run's
+            # from here on: a reused run_dir's earlier output is not this run's
+            output = RankOutput(self.dir, self.plan.world_size, self.output_mode)
+            self.log_starts = output.log_starts
             self.group = self.source.acquire(job)  # all or nothing: a source that raises has cleaned up
-            self._supervisor = Supervisor(self.group, self.state, self.limits, self.dir, tail)
+            self._supervisor = Supervisor(self.group, self.state, self.limits, self.dir, output)
             _RUNS.append(self)
             self._supervisor.start()
         except BaseException:  # an interrupt right here must leave no worker, thread or descriptor behind

@@ -1,7 +1,8 @@
 """A run's private directory and the files in it, and reading a rank's log as it grows.
 
 Every run has a directory of mode 0700 under :func:`runs_root` (or the ``run_dir=`` the user named), on a
-warm pool too: ``rank<r>.log`` (each rank's output during this run), ``payload.pkl`` (the call, packed once,
+warm pool too: ``rank<r>.log`` (each rank's output during this run), ``rank<r>.stderr`` (its stderr lines and flair's
+warnings, which the cell shows for every rank), ``payload.pkl`` (the call, packed once,
 read by every rank) and ``result.pkl`` (rank 0's return value). A group of workers keeps its own
 ``stacks-rank<r>.txt`` (the hang watchdog's stack dumps) and start-up logs in the directory it started in.
 
@@ -51,6 +52,10 @@ class RunDir:
         """Rank ``rank``'s output."""
         return self.path / f"rank{rank}.log"
 
+    def stderr(self, rank: int) -> Path:
+        """Rank ``rank``'s stderr lines and flair's warnings, also in its log: what the cell shows of every rank."""
+        return self.path / f"rank{rank}.stderr"
+
     def logs(self, world_size: int) -> dict[int, Path]:
         """Every rank's output, by rank."""
         return {rank: self.log(rank) for rank in range(world_size)}
@@ -91,7 +96,7 @@ class LogTail:
 
     def __init__(self, path: Path) -> None:
         self._path, self._partial = path, b""
-        self._offset = path.stat().st_size if path.exists() else 0  # what is there is an earlier run's
+        self.start = self._offset = path.stat().st_size if path.exists() else 0  # what is there is an earlier run's
 
     def read_lines(self, final: bool = False) -> list[str]:
         """The lines completed since the last call (with ``final``, an unterminated last line too)."""

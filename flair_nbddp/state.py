@@ -13,8 +13,10 @@ Example:
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 
 from .errors import ConfigurationError
@@ -34,8 +36,11 @@ class RankInfo:
     step: int = 0
     samples: int = 0
     samples_per_second: float = 0.0
-    memory_bytes: int = 0
+    host_memory_bytes: int = 0
+    gpu_memory_bytes: int = 0
+    gpu_utilization: int | None = None  # percent, where NVML is there
     activity: int = 0
+    heartbeat_at: float = 0.0  # when its last applied heartbeat was made (an older one arriving late is ignored)
     last_seen: float = 0.0
     last_progress: float = 0.0  # when its step or its call stack last changed
     exit_code: int | None = None
@@ -67,7 +72,8 @@ class Snapshot:
     total_batches: int
     ranks: tuple[RankInfo, ...]
     metrics: tuple[MetricPoint, ...]
-    log_lines: tuple[str, ...]
+    log_lines: tuple[str, ...]  # what the cell shows: rank 0's output and every rank's stderr (or all output)
+    rank_logs: tuple[tuple[str, ...], ...]  # the tail of each rank's own output, by rank
     failure: Failed | None
     stop_requested: bool
     checkpoint: str | None
@@ -100,6 +106,40 @@ class Snapshot:
         return sum(rank.samples_per_second for rank in self.ranks)
 
 
+SILENT_SECONDS = 5.0  # ranks are heard from every second: this long without a word is silence
+STRAGGLER_STEPS = 3  # steps behind the leading rank (and a tenth of its steps) that make a straggler
+SLOW_SHARE = 0.5  # samples/s under this share of the ranks' median make a straggler too
+
+
+def rank_health(snapshot: Snapshot, now: float | None = None) -> dict[int, str]:
+    """The ranks that need a look while the run goes: ``"silent"`` (no heartbeat for ``SILENT_SECONDS``) or
+    ``"straggler"`` (well behind the leading rank's steps, or far below the median samples/s).
+
+    Example:
+        >>> ranks = (RankInfo(0, pid=1, step=40, last_seen=99.0), RankInfo(1, pid=2, step=20, last_seen=99.0),
+        ...          RankInfo(2, pid=3, step=40, last_seen=90.0))
+        >>> snapshot = RunState(world_size=3, device_type="cpu").snapshot()
+        >>> rank_health(replace(snapshot, status="running", ranks=ranks), now=100.0)
+        {1: 'straggler', 2: 'silent'}
+    """
+    if snapshot.status != "running":
+        return {}
+    now = time.time() if now is None else now
+    live = [rank for rank in snapshot.ranks if rank.alive and rank.pid is not None]
+    leading = max((rank.step for rank in live), default=0)
+    rates = [rank.samples_per_second for rank in live if rank.samples_per_second > 0]
+    median = statistics.median(rates) if rates else 0.0
+    health = {}
+    for rank in live:
+        if now - rank.last_seen > SILENT_SECONDS:
+            health[rank.rank] = "silent"
+        elif leading - rank.step >= max(STRAGGLER_STEPS, 0.1 * leading) or (
+            0 < rank.samples_per_second < SLOW_SHARE * median
+        ):
+            health[rank.rank] = "straggler"
+    return health
+
+
 @dataclass
 class RunState:
     """Mutable, locked state of one run; ``apply`` takes events, ``snapshot`` gives a frozen copy."""
@@ -119,6 +159,7 @@ class RunState:
     stop_requested: bool = False
     checkpoint: str | None = None
     max_log_lines: int = 20_000
+    rank_tail_lines: int = 200
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -127,6 +168,7 @@ class RunState:
         ]
         self._metrics: list[MetricPoint] = []
         self._log: list[str] = []
+        self._rank_logs = [deque(maxlen=self.rank_tail_lines) for _ in range(self.world_size)]
         self._log_total = 0  # lines ever added: a reader's cursor stays valid when old lines are dropped
         self._finished_ranks: set[int] = set()
         self.version = 0  # bumped on every change, so a UI can skip redraws when nothing happened
@@ -142,7 +184,7 @@ class RunState:
                 )
                 if self.status == "starting" and all(r.pid is not None for r in self._ranks):
                     self.status = "running"
-            elif isinstance(event, Heartbeat):
+            elif isinstance(event, Heartbeat) and event.time >= rank.heartbeat_at:
                 moved = (event.step, event.activity) != (rank.step, rank.activity)
                 self._ranks[event.rank] = replace(
                     rank,
@@ -151,7 +193,10 @@ class RunState:
                     step=event.step,
                     samples=event.samples,
                     samples_per_second=event.samples_per_second,
-                    memory_bytes=event.memory_bytes,
+                    host_memory_bytes=event.host_memory_bytes,
+                    gpu_memory_bytes=event.gpu_memory_bytes,
+                    gpu_utilization=event.gpu_utilization,
+                    heartbeat_at=event.time,
                     last_seen=event.time,
                 )
             elif isinstance(event, Progress):
@@ -170,8 +215,15 @@ class RunState:
             elif isinstance(event, Finished):
                 self._finished_ranks.add(event.rank)
 
+    def add_rank_lines(self, rank: int, lines: list[str]) -> None:
+        """Append lines of ``rank``'s own output to its tail (the last ``rank_tail_lines``; its file keeps all)."""
+        if lines:
+            with self._lock:
+                self.version += 1
+                self._rank_logs[rank].extend(lines)
+
     def add_log_lines(self, lines: list[str]) -> None:
-        """Append rank 0's output lines, keeping at most ``max_log_lines`` in memory (the file keeps all)."""
+        """Append lines for the cell, keeping at most ``max_log_lines`` in memory (the files keep all)."""
         if not lines:
             return
         with self._lock:
@@ -245,6 +297,7 @@ class RunState:
                 ranks=tuple(self._ranks),
                 metrics=tuple(self._metrics),
                 log_lines=tuple(self._log),
+                rank_logs=tuple(tuple(tail) for tail in self._rank_logs),
                 failure=self.failure,
                 stop_requested=self.stop_requested,
                 checkpoint=self.checkpoint,

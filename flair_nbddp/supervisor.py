@@ -1,6 +1,6 @@
 """The thread that watches one run's ranks, and what it concludes when the run is over.
 
-The :class:`Supervisor` drains every rank's events and rank 0's log into the run's
+The :class:`Supervisor` drains every rank's events and output (:mod:`~flair_nbddp.rank_output`) into the run's
 :class:`~flair_nbddp.state.RunState`. It ends every rank as soon as one fails, and enforces the run's
 :class:`Limits` (the timeout, the grace period of a stop, the hang watchdog), so no rank is ever left
 waiting in a collective. Once the ranks are done, :meth:`Supervisor.failure` says what went wrong, if
@@ -17,7 +17,8 @@ from multiprocessing.connection import wait
 from .errors import RunHangError, RunTimeoutError, WorkerError, describe_exit
 from .events import STOP, Failed
 from .group import TERMINATE_GRACE_SECONDS
-from .rundir import LogTail, RunDir
+from .rank_output import RankOutput
+from .rundir import RunDir
 from .sources import RankGroup
 from .state import RunState, Snapshot
 
@@ -37,14 +38,16 @@ class Limits:
 class Supervisor:
     """Watches ``group`` running one job, from a daemon thread, until every rank finished or is gone."""
 
-    def __init__(self, group: RankGroup, state: RunState, limits: Limits, run_dir: RunDir, tail: LogTail) -> None:
+    def __init__(
+        self, group: RankGroup, state: RunState, limits: Limits, run_dir: RunDir, output: RankOutput
+    ) -> None:
         self.group, self.state, self.limits, self.run_dir = group, state, limits, run_dir
         self.done = threading.Event()
         self.ended_by: str | None = None  # "timeout", "hang" or "stop" once the supervisor ended the ranks
         self._stop_deadline: float | None = None
         self._stacks: dict[int, str] = {}
         self._first_death: int | None = None  # the rank that died on its own before anyone was ended
-        self._tail = tail  # rank 0's log, from where this run's output begins
+        self._output = output  # what the ranks print, from where this run's output begins
         self._thread = threading.Thread(target=self._watch, name="flair_nbddp-supervisor", daemon=True)
 
     def start(self) -> None:
@@ -69,9 +72,9 @@ class Supervisor:
                 if isinstance(event, Failed):
                     self._blame_signal_deaths()
                     self.group.terminate()
-            self.state.add_log_lines(self._tail.read_lines())
+            self._output.read(self.state)
             self._enforce_limits()
-        self.state.add_log_lines(self._tail.read_lines(final=True))
+        self._output.read(self.state, final=True)
         self.done.set()
 
     def _enforce_limits(self) -> None:

@@ -26,6 +26,7 @@ import logging
 import os
 import queue
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -91,14 +92,20 @@ class _Vitals:
     def __init__(self) -> None:
         self.flair_logger = _LoggerState()
 
-    def memory_bytes(self) -> int:
-        if self.device is not None and self.device.type == "cuda":
-            import torch
-
-            return int(torch.cuda.memory_allocated(self.device))
+    def memory(self) -> tuple[int, int, int | None]:
+        """Resident host memory, torch's GPU memory, and the GPU's utilisation in percent (None without NVML)."""
         import psutil
 
-        return int(psutil.Process().memory_info().rss)
+        host = int(psutil.Process().memory_info().rss)
+        if self.device is None or self.device.type != "cuda":
+            return host, 0, None
+        import torch
+
+        try:
+            utilization: int | None = int(torch.cuda.utilization(self.device))
+        except Exception:  # noqa: BLE001 - no nvidia-ml-py, or NVML cannot read this GPU
+            utilization = None
+        return host, int(torch.cuda.memory_allocated(self.device)), utilization
 
 
 def _listen_to_parent(sender: EventSender, jobs: queue.Queue) -> None:
@@ -134,12 +141,15 @@ def _main_thread_activity() -> int:
 def _heartbeat(rank: int, vitals: _Vitals) -> Heartbeat:
     """This rank's vitals now: step, samples, throughput, memory, the main thread's activity."""
     counters = vitals.counters
+    host, gpu, utilization = vitals.memory()
     return Heartbeat(
         rank,
         counters.step if counters else 0,
         counters.samples if counters else 0,
         counters.samples_per_second if counters else 0.0,
-        vitals.memory_bytes(),
+        host,
+        gpu,
+        utilization,
         activity=_main_thread_activity(),
     )
 
@@ -270,24 +280,55 @@ def _release_memory(vitals: _Vitals) -> None:
         torch.cuda.empty_cache()
 
 
+class _WarningsToStderrFile(logging.Handler):
+    """flair's warnings and errors (its logger writes to stdout) copied to the rank's stderr file, which the
+    parent shows for every rank."""
+
+    def __init__(self, path: os.PathLike) -> None:
+        super().__init__(logging.WARNING)
+        self._path = path
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with open(self._path, "a", encoding="utf-8") as handle:
+            handle.write(f"{record.levelname}: {record.getMessage()}\n")
+
+
 @contextlib.contextmanager
-def _output_to(path: os.PathLike) -> Iterator[None]:
-    """Send this process's stdout and stderr (Python's and native code's) to ``path`` for a while."""
+def _output_to(run_dir: RunDir, rank: int) -> Iterator[None]:
+    """For a while, send this process's stdout (Python's and native code's) to ``rank<r>.log``, and its stderr
+    through ``tee`` to ``rank<r>.log`` and ``rank<r>.stderr``. ``tee`` is a process of its own: it drains
+    what the worker wrote even if the worker dies, so a crash's last words are never lost."""
+    log, stderr = run_dir.log(rank), run_dir.stderr(rank)
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
-    log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.close(os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))  # private before tee opens it
+    read_end, write_end = os.pipe()
+    try:
+        # a session of its own: ending the worker's process group must not cut off what tee has still to write
+        tee = subprocess.Popen(
+            ["tee", "-a", str(log), str(stderr)], stdin=read_end, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+    finally:
+        os.close(read_end)
+    warnings_handler = _WarningsToStderrFile(stderr)
+    logging.getLogger("flair").addHandler(warnings_handler)
     try:
         os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
+        os.dup2(write_end, 2)
         yield
     finally:
+        logging.getLogger("flair").removeHandler(warnings_handler)
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
-        for fd in (log_fd, *saved):
+        for fd in (log_fd, write_end, *saved):
             os.close(fd)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            tee.wait(timeout=5)  # it exits with the pipe's last writer (a child of the job may hold it longer)
 
 
 def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) -> None:
@@ -343,7 +384,7 @@ def _report_and_exit(rank: int, sender: EventSender, error: BaseException) -> No
 def serve(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) -> None:
     """Run ``job`` with this process's output in its run directory, setting the worker up first if it is new
     (so that what set-up prints, or the error it fails with, lands in that job's log)."""
-    with _output_to(RunDir(Path(job.run_dir)).log(spec.rank)):
+    with _output_to(RunDir(Path(job.run_dir)), spec.rank):
         try:
             if vitals.device is None:
                 set_up(spec, sender, vitals)

@@ -59,7 +59,7 @@ class FakeRun:
             self.state.apply(Metric(0, name="dev/score", value=0.5 + 0.2 * epoch, step=epoch))
             for rank in (0, 1):
                 self.state.apply(Heartbeat(rank, step=step, samples=8 * step, samples_per_second=40.0,
-                                           memory_bytes=3 * 2**29))  # fmt: skip
+                                           host_memory_bytes=3 * 2**29))  # fmt: skip
             self.state.add_log_lines([f"EPOCH {epoch} done: loss {1.0 / epoch:.4f}"])
 
 
@@ -165,7 +165,7 @@ def test_status_shows_elapsed_eta_throughput_and_a_pending_stop(run):
     run.start_ranks()
     run.state.apply(Progress(0, epoch=1, max_epochs=2, batch=1, total_batches=4, time=time.time() - 10))
     run.state.apply(Progress(0, epoch=1, max_epochs=2, batch=4, total_batches=4))
-    run.state.apply(Heartbeat(0, step=4, samples=32, samples_per_second=12.5, memory_bytes=0))
+    run.state.apply(Heartbeat(0, step=4, samples=32, samples_per_second=12.5, host_memory_bytes=0))
     html = status_html(run.state.snapshot())
     assert "● running" in html and "ETA 10 s" in html and "12.5 samples/s" in html
     assert dashboard.STATUS_COLORS["running"] in html
@@ -268,7 +268,9 @@ def test_failed_dashboard_shows_the_error_and_its_traceback(run):
     assert "<details" in view.outcome.value
     assert "rank 1 failed: ValueError: label column missing" in view.outcome.value
     assert "ValueError: &lt;missing&gt;" in view.outcome.value  # the remote traceback, escaped
-    assert view._repr_mimebundle_()["text/plain"].endswith("rank 1 failed: ValueError: label column missing")
+    summary, *table = view._repr_mimebundle_()["text/plain"].splitlines()
+    assert summary.endswith("rank 1 failed: ValueError: label column missing")
+    assert table[0].split()[:4] == ["rank", "device", "pid", "state"] and table[2].split()[:4] == ["1", "cpu", "1001", "exit"]
 
 
 def test_interrupted_dashboard_says_stopped(run):
@@ -303,7 +305,8 @@ def test_text_view_prints_a_header_progress_lines_and_a_summary(run, capsys):
     assert lines[1].startswith("flair_nbddp: epoch 1/2, batch 1/4, 12% done")
     assert lines[2].startswith("flair_nbddp: epoch 2/2, batch 1/4, 62% done") and "ETA" in lines[2]
     assert lines[3].startswith("flair_nbddp: failed after") and lines[3].endswith("label column missing")
-    assert len(lines) == 4
+    assert lines[4].split()[:6] == ["rank", "device", "pid", "state", "step", "samples/s"]
+    assert [line.split()[0] for line in lines[5:]] == ["0", "1"]  # the ranks as a table, for scripts
 
 
 @pytest.mark.parametrize("view_class", [TextView, NullView])

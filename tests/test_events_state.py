@@ -25,8 +25,8 @@ def test_state_follows_a_run_from_start_to_finish():
     state.apply(Started(1, pid=2, device="cpu"))
     assert state.snapshot().status == "running"
     state.apply(Progress(0, epoch=2, max_epochs=4, batch=5, total_batches=10))
-    state.apply(Heartbeat(0, step=15, samples=150, samples_per_second=30.0, memory_bytes=10))
-    state.apply(Heartbeat(1, step=15, samples=150, samples_per_second=20.0, memory_bytes=10))
+    state.apply(Heartbeat(0, step=15, samples=150, samples_per_second=30.0, host_memory_bytes=10))
+    state.apply(Heartbeat(1, step=15, samples=150, samples_per_second=20.0, host_memory_bytes=10))
     state.apply(Metric(0, "train/loss", 0.5, 1))
     snapshot = state.snapshot()
     assert snapshot.fraction_done == pytest.approx(15 / 40)

@@ -88,6 +88,16 @@ result = ModelTrainer(make_classifier(corpus), corpus).fine_tune(
     assert probe(kernel)[0] == 0  # no worker left
 
 
+def test_another_ranks_warnings_show_in_the_dashboards_log(kernel):
+    _ok(kernel.execute("import flair_nbddp\nfrom test_every_rank import speaks_on_every_rank"))
+    _ok(kernel.execute("result = flair_nbddp.launch(speaks_on_every_rank, processes=2, device='cpu')", timeout=120))
+    [log] = kernel.widgets_with_class("nbddp-log")
+    assert "ordinary line of rank 0" in log.state["value"] and "[rank 1] rank 1 writes to stderr" in log.state["value"]
+    [view] = kernel.widgets_with_class("nbddp-rank-view")
+    assert view.state["_options_labels"] == ["cell", "rank 0", "rank 1"]
+    assert probe(kernel)[0] == 0
+
+
 LONG_TRAINING = """
 import flair_nbddp
 from training_jobs import train_sentiment
