@@ -62,7 +62,9 @@ class DevicePlan:
             wanted.append(f"{processes} process{'es' if processes != 1 else ''}")
         if device is not None and device != self.device_type:
             wanted.append(f"device {device!r}")
-        if gpus is not None and tuple(gpus) != (self.gpus or tuple(range(self.world_size))):
+        if gpus is not None and (
+            self.device_type != "cuda" or tuple(gpus) != (self.gpus or tuple(range(self.world_size)))
+        ):
             wanted.append(f"GPUs {','.join(map(str, gpus))}")
         return f"{self}, not {' and '.join(wanted)}" if wanted else None
 

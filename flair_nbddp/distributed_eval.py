@@ -18,9 +18,10 @@ flair 0.15.1 evaluates the whole split on every rank. Here, whenever several ran
 No sample is evaluated twice and none is left out: uneven shares, fewer batches than ranks and empty shares
 are just fewer batches for some ranks.
 
-Before sharing, the ranks agree through the rendezvous store that they all evaluate now: a rank that calls
-``evaluate`` alone (``if rank == 0: model.evaluate(...)``) waits until the others have returned from the
-function, or ``AGREEMENT_SECONDS``, then evaluates the whole split itself, as flair would. A model class
+Before sharing, the ranks agree through the rendezvous store that they all evaluate the same split now: a rank
+that calls ``evaluate`` alone (``if rank == 0: model.evaluate(...)``) waits until the others have returned from
+the function, or ``AGREEMENT_SECONDS``, then evaluates the whole split itself, as flair would; ranks that
+evaluate different splits at the same moment each evaluate their own whole. A model class
 whose ``evaluate`` is its own (``TextPairRegressor``, ``EntityMentionLinker``), or whose predictions sit
 where they cannot be located, is evaluated whole on every rank, with one notice naming the class.
 """
@@ -153,11 +154,11 @@ def _sharded(evaluate: Callable, step: _Step) -> Callable:
         call = signature.bind(self, *args, **kwargs)
         call.apply_defaults()
         _JOB.calls += 1
-        if not _all_ranks_evaluate(f"{_JOB.key}/evaluate/{_JOB.calls}"):
+        if not _all_ranks_evaluate(f"{_JOB.key}/evaluate/{_JOB.calls}", _call_fingerprint(self, call.arguments)):
             _notice(
                 type(self).__name__,
-                "ran on the whole split on this rank alone: the other ranks were not evaluating (call evaluate on "
-                "every rank to share it out; distributed_eval=False spares the wait for them)",
+                "ran on the whole split on this rank: the other ranks were not evaluating the same split now (call "
+                "evaluate on every rank to share it out; distributed_eval=False spares the wait for them)",
             )
             return evaluate(*call.args, **call.kwargs)
         if _WORLD.rank != 0:
@@ -199,32 +200,46 @@ def _batches(data_points: Any, mini_batch_size: int) -> list[list]:
     return list(DataLoader(dataset, batch_size=mini_batch_size))
 
 
-def _all_ranks_evaluate(key: str) -> bool:
-    """Whether every rank is in this evaluation now (rank 0 decides; see the module docstring)."""
-    store, size = _WORLD.store, _WORLD.size
+def _call_fingerprint(model: Any, arguments: dict) -> str:
+    """What must be the same on every rank for their evaluations to be one: the model class, the gold label
+    type, the batch size, and the split (its length and its first and last data points)."""
+    points = arguments["data_points"]
+    ends = [getattr(points[index], "text", "") for index in ((0, len(points) - 1) if len(points) else ())]
+    return repr((type(model).__name__, arguments["gold_label_type"], arguments["mini_batch_size"], len(points), ends))
+
+
+def _all_ranks_evaluate(key: str, fingerprint: str) -> bool:
+    """Whether every rank is in this very evaluation now.
+
+    Every rank says it arrived and what it evaluates; the decision is the store's ``compare_set`` on one key,
+    so the first to decide wins and every rank follows it: rank 0 decides "share" once all arrived with the
+    same evaluation, or "whole" if they evaluate different things; any rank decides "whole" when the
+    ``AGREEMENT_SECONDS`` are up or rank 0 (for rank 0: every other rank) has returned from the function.
+    """
+    store, size, rank = _WORLD.store, _WORLD.size, _WORLD.rank
+    store.set(f"{key}/call/{rank}", fingerprint)
     store.add(f"{key}/arrived", 1)
-    if _WORLD.rank == 0:
-        deadline = time.monotonic() + AGREEMENT_SECONDS
-        while True:
-            arrived = store.add(f"{key}/arrived", 0)
-            if arrived == size:
-                decision = "share"
-                break
-            if time.monotonic() > deadline or _others_returned():
-                decision = "whole"
-                break
+    decision_key, deadline = f"{key}/decision", time.monotonic() + AGREEMENT_SECONDS
+    while not store.check([decision_key]):
+        if rank == 0 and store.add(f"{key}/arrived", 0) == size:
+            same = all(store.get(f"{key}/call/{other}").decode() == fingerprint for other in range(1, size))
+            _decide(decision_key, "share" if same else "whole")
+        elif time.monotonic() > deadline or _others_returned():
+            _decide(decision_key, "whole")
+        else:
             time.sleep(_POLL_SECONDS)
-        store.set(f"{key}/decision", decision)
-        return decision == "share"
-    while not store.check([f"{key}/decision"]):
-        if store.check([f"{_JOB.key}/returned/0"]):
-            return False  # rank 0 has left the function without this evaluation
-        time.sleep(_POLL_SECONDS)
-    return store.get(f"{key}/decision") == b"share"
+    return store.get(decision_key) == b"share"
+
+
+def _decide(decision_key: str, decision: str) -> None:
+    """Set the decision unless a rank set it first."""
+    _WORLD.store.compare_set(decision_key, "", decision)
 
 
 def _others_returned() -> bool:
-    return any(_WORLD.store.check([f"{_JOB.key}/returned/{rank}"]) for rank in range(1, _WORLD.size))
+    """Rank 0: every other rank has returned from the function; another rank: rank 0 has."""
+    others = range(1, _WORLD.size) if _WORLD.rank == 0 else (0,)
+    return any(_WORLD.store.check([f"{_JOB.key}/returned/{rank}"]) for rank in others)
 
 
 class _Step:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
@@ -53,6 +54,7 @@ class Job:
     seed: int
     run_dir: str
     distributed_eval: bool = True
+    key: str = field(default_factory=lambda: uuid.uuid4().hex)  # names this job in the ranks' shared store
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,9 @@ class StreamingPlugin(TrainerPlugin):
     @TrainerPlugin.hook
     def after_setup(self, max_epochs: int = 0, base_path: Any = ".", save_final_model: bool = True, **_: Any):
         self._max_epochs, self._base_path, self._saves_final_model = max_epochs, Path(base_path), save_final_model
+        # flair silences its logger on ranks > 0 ("only print logs once"); here each rank has its own log, and
+        # its warnings reach the cell
+        logging.getLogger("flair").disabled = False
 
     @TrainerPlugin.hook
     def before_training_batch(self, **_: Any) -> None:

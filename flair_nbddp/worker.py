@@ -87,6 +87,7 @@ class _Vitals:
     counters: Any = None
     control_group: Any = None  # gloo group of every rank for the per-batch stop agreement (None: one process)
     store: Any = None  # the rendezvous store (a TCPStore), which the ranks also agree through
+    warnings_handler: Any = None  # the current job's copy of flair's warnings to its stderr file
     idle = True  # a worker waiting for its next job sends no heartbeats
 
     def __init__(self) -> None:
@@ -190,6 +191,13 @@ def _when_imported(name: str, callback: Callable[[], None]) -> None:
     sys.meta_path.insert(0, AfterImport())
 
 
+def _attach_warnings(vitals: _Vitals) -> None:
+    """Put the job's warnings handler on flair's logger (again: importing flair replaces the logger's handlers)."""
+    log = logging.getLogger("flair")
+    if vitals.warnings_handler is not None and vitals.warnings_handler not in log.handlers:
+        log.addHandler(vitals.warnings_handler)
+
+
 def _bend_flair(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
     """Point flair at this rank's device and instrument its trainer (once flair is imported)."""
     import flair
@@ -200,7 +208,8 @@ def _bend_flair(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
     flair_compat.allow_cpu_ddp()
     flair_compat.instrument_trainer(sender, spec.rank, spec.world_size, vitals.counters, vitals.control_group)
     distributed_eval.install(spec.rank, spec.world_size, vitals.control_group, vitals.store)
-    vitals.flair_logger.remember()  # with the handlers flair's import configured
+    vitals.flair_logger.remember()  # with the handlers flair's import configured (which dropped any other)
+    _attach_warnings(vitals)
 
 
 def set_up(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
@@ -289,8 +298,11 @@ class _WarningsToStderrFile(logging.Handler):
         self._path = path
 
     def emit(self, record: logging.LogRecord) -> None:
-        with open(self._path, "a", encoding="utf-8") as handle:
-            handle.write(f"{record.levelname}: {record.getMessage()}\n")
+        try:
+            with open(self._path, "a", encoding="utf-8") as handle:
+                handle.write(f"{record.levelname}: {record.getMessage()}\n")
+        except Exception:  # noqa: BLE001 - as any logging handler: report it, never fail the training
+            self.handleError(record)
 
 
 @contextlib.contextmanager
@@ -313,14 +325,11 @@ def _output_to(run_dir: RunDir, rank: int) -> Iterator[None]:
         )  # fmt: skip
     finally:
         os.close(read_end)
-    warnings_handler = _WarningsToStderrFile(stderr)
-    logging.getLogger("flair").addHandler(warnings_handler)
     try:
         os.dup2(log_fd, 1)
         os.dup2(write_end, 2)
         yield
     finally:
-        logging.getLogger("flair").removeHandler(warnings_handler)
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(saved[0], 1)
@@ -334,7 +343,9 @@ def _output_to(run_dir: RunDir, rank: int) -> Iterator[None]:
 def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) -> None:
     """One job: fresh state, health check, seed, ``fn(*args, **kwargs)``, rank 0's result."""
     rank = spec.rank
-    _reset_between_jobs(vitals)
+    _reset_between_jobs(vitals)  # restores flair's logger: the warnings handler goes on after it
+    vitals.warnings_handler = _WarningsToStderrFile(RunDir(Path(job.run_dir)).stderr(rank))
+    _attach_warnings(vitals)
     fn, args, kwargs = payload.read_payload(job.payload)
     # a shipped corpus is millions of objects that live as long as the job: keep the cyclic collector
     # from rescanning them at every full collection (~11 s each for 50,000 IMDB-length documents).
@@ -344,7 +355,7 @@ def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) ->
         _check_health(spec.world_size, vitals.device)
         sender.send(Started(rank, os.getpid(), str(vitals.device)))
         _seed_everything(job.seed)
-        distributed_eval.start_job(f"flair_nbddp/{Path(job.run_dir).name}", job.distributed_eval)
+        distributed_eval.start_job(f"flair_nbddp/{job.key}", job.distributed_eval)
         try:
             value = fn(*args, **kwargs)
         finally:
@@ -355,9 +366,10 @@ def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) ->
             sender.send(ResultReady(0, job.result))
     finally:
         gc.unfreeze()  # a warm worker must be able to free this job's objects
+        logging.getLogger("flair").removeHandler(vitals.warnings_handler)
+        vitals.warnings_handler = None
     sender.send(_heartbeat(rank, vitals))  # the result's per-rank figures are the final ones, not a second old
     vitals.idle = True  # no heartbeat of this job may reach the next one's state
-    sender.send(Finished(rank))
 
 
 def _seed_everything(seed: int) -> None:
@@ -373,9 +385,11 @@ def _seed_everything(seed: int) -> None:
     torch.cuda.manual_seed_all(seed)
 
 
-def _report_and_exit(rank: int, sender: EventSender, error: BaseException) -> None:
-    formatted = traceback.format_exc()
-    print(formatted, file=sys.stderr, flush=True)
+def _report_and_exit(rank: int, sender: EventSender, error: BaseException, formatted: str | None = None) -> None:
+    """Send ``Failed`` (the traceback printed to stderr, unless ``formatted`` says it was) and exit at once."""
+    if formatted is None:
+        formatted = traceback.format_exc()
+        print(formatted, file=sys.stderr, flush=True)
     sender.send(Failed(rank, type(error).__name__, str(error), formatted))
     # skip interpreter teardown: a collective's peers may be gone, and destroying the group could hang
     os._exit(1)
@@ -383,14 +397,20 @@ def _report_and_exit(rank: int, sender: EventSender, error: BaseException) -> No
 
 def serve(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) -> None:
     """Run ``job`` with this process's output in its run directory, setting the worker up first if it is new
-    (so that what set-up prints, or the error it fails with, lands in that job's log)."""
+    (so that what set-up prints, or the error it fails with, lands in that job's log). ``Finished`` or
+    ``Failed`` goes up only once the output is all in the files: the parent reads them one last time then."""
+    failure: tuple[BaseException, str] | None = None
     with _output_to(RunDir(Path(job.run_dir)), spec.rank):
         try:
             if vitals.device is None:
                 set_up(spec, sender, vitals)
             run_job(spec, job, sender, vitals)
         except BaseException as error:  # noqa: BLE001 - every failure is reported to the parent
-            _report_and_exit(spec.rank, sender, error)
+            failure = error, traceback.format_exc()
+            print(failure[1], file=sys.stderr, flush=True)
+    if failure is not None:
+        _report_and_exit(spec.rank, sender, *failure)
+    sender.send(Finished(spec.rank))
 
 
 def main() -> None:

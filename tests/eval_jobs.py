@@ -223,3 +223,19 @@ def evaluate_a_pair_regressor_twice(model_path: str) -> list:
     model = TextPairRegressor(TransformerDocumentEmbeddings(model_path), label_type="similarity")
     model.eval()
     return [model.evaluate(pairs, gold_label_type="similarity", mini_batch_size=BATCH).main_score for _ in range(2)]
+
+
+def evaluate_dev_on_rank_0_then_test(kind: str, model_path: str) -> dict:
+    """Rank 0 evaluates dev alone (say, to print it), then every rank evaluates test."""
+    import torch.distributed as dist
+
+    from flair_nbddp import distributed_eval
+
+    corpus, model, label_type = build(kind, model_path)
+    model.eval()
+    dev = summary(evaluated(model, list(corpus.dev), label_type, None)) if dist.get_rank() == 0 else None
+    before = distributed_eval.batches_computed()
+    test = summary(evaluated(model, splits(corpus)["test"], label_type, None))
+    computed: list = [None] * dist.get_world_size()
+    dist.all_gather_object(computed, distributed_eval.batches_computed() - before)
+    return {"model": model, "dev": dev, "test": test, "test_computed": computed}

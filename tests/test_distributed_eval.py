@@ -84,6 +84,55 @@ def test_the_shares_are_flairs_own_evaluation_batches():
     assert distributed_eval._batches([], 4) == []
 
 
+@pytest.fixture
+def store_of_two_ranks(monkeypatch):
+    """This process as one rank of two, agreeing through a real TCPStore (the other rank is played by the test)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))
+    monkeypatch.setattr(distributed_eval, "AGREEMENT_SECONDS", 0.3)
+    monkeypatch.setattr(distributed_eval, "_JOB", distributed_eval._Job(key="job", enabled=True))
+
+    def as_rank(rank):
+        monkeypatch.setattr(distributed_eval, "_WORLD", distributed_eval._World(rank, 2, None, store))
+        return store
+
+    return as_rank
+
+
+def test_ranks_share_only_the_same_evaluation_at_the_same_moment(store_of_two_ranks):
+    store = store_of_two_ranks(0)
+    store.set("job/evaluate/1/call/1", "dev")  # rank 1 arrived, evaluating the dev split
+    store.add("job/evaluate/1/arrived", 1)
+    assert distributed_eval._all_ranks_evaluate("job/evaluate/1", "dev") is True
+    store.set("job/evaluate/2/call/1", "test")  # rank 1 arrived with another split: each evaluates its own
+    store.add("job/evaluate/2/arrived", 1)
+    assert distributed_eval._all_ranks_evaluate("job/evaluate/2", "dev") is False
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_evaluating_alone_gives_up_waiting_and_every_rank_follows_its_decision(store_of_two_ranks, rank):
+    import time
+
+    store = store_of_two_ranks(rank)
+    started = time.monotonic()
+    assert distributed_eval._all_ranks_evaluate("job/evaluate/1", "dev") is False
+    assert 0.3 <= time.monotonic() - started < 5
+    assert store.get("job/evaluate/1/decision") == b"whole"  # a rank arriving now evaluates its whole split too
+
+
+def test_a_rank_stops_waiting_at_once_when_the_others_have_returned(store_of_two_ranks):
+    import time
+
+    store = store_of_two_ranks(1)
+    store.set("job/returned/0", "1")
+    started = time.monotonic()
+    assert distributed_eval._all_ranks_evaluate("job/evaluate/1", "dev") is False
+    assert time.monotonic() - started < 0.2  # not the 0.3 s of waiting
+
+
 def test_one_process_evaluates_as_flair_does():
     assert not distributed_eval._active()  # no process group here: evaluate is flair's own
 
@@ -157,7 +206,7 @@ def test_a_rank_evaluating_alone_evaluates_the_whole_split_without_waiting(tiny_
     expected = _single_process(result.value["model"], eval_jobs.splits(corpus)["test"], label_type, reference_file)
     assert eval_jobs.summary(result.value["result"]) == expected
     assert result.value["file"] == reference_file.read_text()
-    assert "TextClassifier.evaluate ran on the whole split on this rank alone: the other ranks were not" in result.log
+    assert "TextClassifier.evaluate ran on the whole split on this rank: the other ranks were not evaluating" in result.log
     assert result.elapsed < distributed_eval.AGREEMENT_SECONDS  # rank 1 had returned: no waiting it out
 
 
@@ -168,3 +217,20 @@ def test_a_model_with_its_own_evaluate_is_evaluated_whole_with_one_notice(tiny_m
     assert len(result.value) == 2 and result.value[0] == result.value[1]
     notice = "flair_nbddp: TextPairRegressor.evaluate runs on the whole split on every rank"
     assert result.log.count(notice) == 1, result.log[-3000:]
+
+
+@pytest.mark.process
+def test_a_split_evaluated_on_rank_0_alone_is_never_mixed_with_the_next_shared_one(tiny_model_path, tmp_path):
+    from flair_nbddp import WorkerPool
+
+    corpus, _, label_type = eval_jobs.build("text", tiny_model_path)
+    with WorkerPool(2, "cpu") as pool:
+        for _ in range(2):  # the same run directory twice on a warm pool: no state of the first job leaks
+            result = pool.launch(eval_jobs.evaluate_dev_on_rank_0_then_test, ("text", tiny_model_path),
+                                 dashboard=False, seed=3, run_dir=tmp_path / "run")  # fmt: skip
+            model = result.value["model"]
+            assert result.value["dev"] == _single_process(model, list(corpus.dev), label_type, None)
+            assert result.value["test"] == _single_process(model, eval_jobs.splits(corpus)["test"], label_type, None)
+            # rank 1's test split met rank 0's dev split: each rank evaluated its own whole, nothing was mixed
+            assert result.value["test_computed"] == [0, 0]
+            assert "ran on the whole split on this rank: the other ranks were not evaluating the same split" in result.log

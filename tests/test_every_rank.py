@@ -108,6 +108,12 @@ def test_stragglers_and_silent_ranks_are_marked(ranks, expected):
     assert rank_health(replace(snapshot, status="finished"), now=100.0) == {}  # only while it runs
 
 
+def test_a_pool_of_cpu_workers_takes_no_gpu_choice():
+    from flair_nbddp.devices import DevicePlan
+
+    assert DevicePlan("cpu", 2, "gloo").mismatch(None, None, [0, 1]) == "2 × cpu (gloo), not GPUs 0,1"
+
+
 # -- on 2 gloo ranks ---------------------------------------------------------------------------------------
 def speaks_on_every_rank() -> int:
     """Rank 1 warns, logs a flair warning and writes to stderr; every rank prints an ordinary line."""
@@ -156,3 +162,29 @@ def test_final_step_and_sample_counts_are_exact(tmp_path, tiny_model_path):
                     processes=2, device="cpu", dashboard=False)  # fmt: skip
     assert [(rank.step, rank.samples) for rank in result.ranks] == [(3, 12), (3, 12)]
     assert all(rank.host_memory_bytes > 100 * 2**20 and rank.gpu_utilization is None for rank in result.ranks)
+
+
+def train_then_warn(model_path: str, base_path: str) -> int:
+    """A short training (flair silences its logger on ranks > 0 in it), then a flair warning on rank 1."""
+    import logging
+
+    import torch.distributed as dist
+
+    from training_jobs import train_sentiment
+
+    train_sentiment(model_path, base_path, epochs=1, docs=24)
+    if dist.get_rank() == 1:
+        logging.getLogger("flair").warning("rank 1 after training: the dev score fell")
+    dist.barrier()
+    return dist.get_rank()
+
+
+@pytest.mark.process
+def test_flair_warnings_of_other_ranks_reach_the_cell_after_training_and_on_every_warm_job(tmp_path, tiny_model_path):
+    from flair_nbddp import WorkerPool
+
+    with WorkerPool(2, "cpu") as pool:
+        for job in range(2):
+            result = pool.launch(train_then_warn, (tiny_model_path, str(tmp_path / f"out{job}")), dashboard=False)
+            assert "[rank 1] WARNING: rank 1 after training: the dev score fell" in result.log.splitlines(), job
+            assert "EPOCH 1 done" in result.logs[1]  # rank 1's own flair lines are in its log, too
