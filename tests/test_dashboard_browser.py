@@ -66,36 +66,3 @@ def test_dashboard_renders_advances_and_finishes_in_jupyterlab(lab, page):
     assert output.data["text/plain"].startswith("flair_nbddp: finished in")
     assert "dev/score" in output.data["text/plain"] and "nbddp-summary" in output.data["text/html"]
 
-
-SPEAKING_CELLS = ["""\
-import flair_nbddp
-
-def speaks():
-    import sys, torch.distributed as dist
-    if dist.get_rank() == 1:
-        print("an ordinary line of rank 1")
-        print("rank 1 warns on stderr", file=sys.stderr)
-    dist.barrier()""", "result = flair_nbddp.launch(speaks, processes=2, device='cpu')"]
-
-
-@needs_browser
-@pytest.mark.browser
-def test_the_per_rank_view_switches_to_one_ranks_own_output(lab, page):
-    lab.write_notebook("ranks", SPEAKING_CELLS)
-    open_notebook(page, lab, "ranks")
-    run_all_cells(page)
-    page.wait_for_selector(".nbddp-status", timeout=60_000)
-    page.wait_for_function(
-        "() => /finished|failed/.test(document.querySelector('.nbddp-status').innerText)", timeout=90_000
-    )
-    assert "finished" in page.inner_text(".nbddp-status"), lab.log_tail()
-    cell_view = page.inner_text(".nbddp-log")
-    assert "[rank 1] rank 1 warns on stderr" in cell_view and "an ordinary line of rank 1" not in cell_view
-
-    page.click(".nbddp-rank-view button:has-text('rank 1')")
-    page.wait_for_function(
-        "() => document.querySelector('.nbddp-log').innerText.includes('an ordinary line of rank 1')", timeout=10_000
-    )
-    rank_view = page.inner_text(".nbddp-log")
-    assert "rank 1 on cpu" in rank_view and "rank 1 warns on stderr" in rank_view and "[rank 1]" not in rank_view
-    screenshot(page, "dashboard-rank-1", ".nbddp-dashboard")
