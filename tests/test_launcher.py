@@ -112,7 +112,7 @@ def test_failing_rank_raises_worker_error_naming_it_and_ends_the_others():
     assert error.rank == 1 and error.exc_type == "ValueError"
     assert "label column missing" in str(error) and "_fail_on_rank_one" in error.remote_traceback
     # the failing rank's traceback reached the cell too, to its last line, before the run was concluded
-    assert "[rank 1] ValueError: label column missing" in error.result.log.splitlines()
+    assert "[rank 1] ValueError: label column missing on this rank" in error.result.log.splitlines()
     assert error.result.status == "failed" and _gone(error.result)
     # failure happens ~1 s after start-up; we must not wait for a collective timeout
     assert time.monotonic() - started < 60
