@@ -24,7 +24,8 @@ def _build(
     gpus: Sequence[int] | None, pool: WorkerSource | None, **run_options: Any,
 ) -> Run:  # fmt: skip
     """A run, not started yet, on ``pool`` (checked against ``processes``/``device``/``gpus``) or on cold
-    workers; ``run_options`` are :class:`Run`'s (seed, timeout, stop_timeout, hang_timeout, run_dir)."""
+    workers; ``run_options`` are :class:`Run`'s (seed, timeout, stop_timeout, hang_timeout, run_dir,
+    distributed_eval, output)."""
     if pool is None:
         source: WorkerSource = ColdWorkers(resolve_devices(device, processes, gpus))
     else:

@@ -263,12 +263,16 @@ def epoch_table_html(series: Series) -> str:
     return _table(["epoch", *(EPOCH_COLUMNS[name] for name in columns)], rows)
 
 
-def _rank_state(alive: bool, exit_code: int | None, run_ended: bool) -> str:
-    if alive and not run_ended:
-        return f'<span style="color:{STATUS_COLORS["finished"]}">● alive</span>'
-    if exit_code in (0, None):  # a pooled worker outlives the run it served
-        return f'<span style="color:{_MUTED}">ended</span>'
-    return f'<span style="color:{STATUS_COLORS["failed"]}">exit {exit_code}</span>'
+def _rank_state(rank: RankInfo, run_ended: bool) -> str:
+    """``alive``, ``ended`` (a pooled worker outlives the run it served) or ``exit <code>``."""
+    if rank.alive and not run_ended:
+        return "alive"
+    return "ended" if rank.exit_code in (0, None) else f"exit {rank.exit_code}"
+
+
+def _rank_state_html(state: str) -> str:
+    color = {"alive": STATUS_COLORS["finished"], "ended": _MUTED}.get(state, STATUS_COLORS["failed"])
+    return f'<span style="color:{color}">{"● " if state == "alive" else ""}{state}</span>'
 
 
 RANK_COLUMNS = ["rank", "device", "pid", "state", "step", "samples/s", "host mem", "GPU mem", "GPU busy",
@@ -278,14 +282,11 @@ RANK_COLUMNS = ["rank", "device", "pid", "state", "step", "samples/s", "host mem
 def _rank_cells(rank: RankInfo, snapshot: Snapshot, health: dict[int, str]) -> list[str]:
     """A rank's figures as plain text, in ``RANK_COLUMNS`` order (state and health without their colour)."""
     now = snapshot.ended_at or time.time()
-    state = "alive" if rank.alive and snapshot.ended_at is None else (
-        "ended" if rank.exit_code in (0, None) else f"exit {rank.exit_code}"
-    )  # fmt: skip
     return [
         str(rank.rank),
         rank.device or "—",
         str(rank.pid or "—"),
-        state,
+        _rank_state(rank, snapshot.ended_at is not None),
         str(rank.step),
         f"{rank.samples_per_second:.1f}",
         format_bytes(rank.host_memory_bytes) if rank.host_memory_bytes else "—",
@@ -303,7 +304,7 @@ def ranks_table_html(snapshot: Snapshot) -> str:
     rows = []
     for rank in snapshot.ranks:
         cells = [_escape(cell) for cell in _rank_cells(rank, snapshot, health)]
-        cells[3] = _rank_state(rank.alive, rank.exit_code, snapshot.ended_at is not None)
+        cells[3] = _rank_state_html(cells[3])
         if rank.rank in health:
             cells[-1] = f'<b style="color:{STATUS_COLORS["stopped"]}">{cells[-1]}</b>'
         rows.append(cells)

@@ -26,6 +26,7 @@ from .devices import gpu_names, resolve_devices
 from .errors import ConfigurationError, DeviceError, ShippingError, UnsupportedPlatformError
 from .payload import describe_unpicklable
 from .pool import WorkerPool, current_pool, set_current_pool
+from .rank_output import OUTPUT_MODES
 from .run import DEFAULT_HANG_TIMEOUT, DEFAULT_STOP_TIMEOUT, runs
 from .versions import versions
 
@@ -121,7 +122,7 @@ class DdpMagics(Magics):
     )  # fmt: skip
     @argument("--seed", type=int, default=None, help="the seed every rank gets (default: a random one)")
     @argument(
-        "--output", choices=["rank0", "all"], default="rank0",
+        "--output", choices=OUTPUT_MODES, default="rank0",
         help="rank0: rank 0's output and every rank's warnings and stderr (default); all: every rank's output",
     )  # fmt: skip
     @argument(

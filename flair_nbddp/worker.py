@@ -88,6 +88,7 @@ class _Vitals:
     control_group: Any = None  # gloo group of every rank for the per-batch stop agreement (None: one process)
     store: Any = None  # the rendezvous store (a TCPStore), which the ranks also agree through
     warnings_handler: Any = None  # the current job's copy of flair's warnings to its stderr file
+    nvml = True  # False once NVML could not be read: the heartbeat stops asking every second
     idle = True  # a worker waiting for its next job sends no heartbeats
 
     def __init__(self) -> None:
@@ -102,10 +103,12 @@ class _Vitals:
             return host, 0, None
         import torch
 
-        try:
-            utilization: int | None = int(torch.cuda.utilization(self.device))
-        except Exception:  # noqa: BLE001 - no nvidia-ml-py, or NVML cannot read this GPU
-            utilization = None
+        utilization: int | None = None
+        if self.nvml:
+            try:
+                utilization = int(torch.cuda.utilization(self.device))
+            except Exception:  # noqa: BLE001 - no nvidia-ml-py, or NVML cannot read this GPU: it stays so
+                self.nvml = False
         return host, int(torch.cuda.memory_allocated(self.device)), utilization
 
 
