@@ -19,6 +19,7 @@ from .errors import (
     NotCallableError,
     PayloadWriteError,
     PoolClosedError,
+    PoolRefError,
     RunActiveError,
     RunError,
     RunHangError,
@@ -33,6 +34,7 @@ from .panel import TrainingPanel
 from .pool import WorkerPool
 from .result import RunResult
 from .run import Run, runs
+from .shared import PoolRef
 
 __all__ = [
     "ConfigurationError",
@@ -44,6 +46,8 @@ __all__ = [
     "NotCallableError",
     "PayloadWriteError",
     "PoolClosedError",
+    "PoolRef",
+    "PoolRefError",
     "Run",
     "RunActiveError",
     "RunError",

@@ -25,7 +25,7 @@ def _build(
 ) -> Run:  # fmt: skip
     """A run, not started yet, on ``pool`` (checked against ``processes``/``device``/``gpus``) or on cold
     workers; ``run_options`` are :class:`Run`'s (seed, timeout, stop_timeout, hang_timeout, run_dir,
-    distributed_eval, output)."""
+    distributed_eval, lazy_corpus, output)."""
     if pool is None:
         source: WorkerSource = ColdWorkers(resolve_devices(device, processes, gpus))
     else:
@@ -54,6 +54,7 @@ def start(
     run_dir: str | Path | None = None,
     pool: WorkerSource | None = None,
     distributed_eval: bool = True,
+    lazy_corpus: bool = True,
     output: str = "rank0",
 ) -> Run:
     """Start ``fn(*args, **kwargs)`` on every device and return the running :class:`~flair_nbddp.Run` at once.
@@ -71,7 +72,8 @@ def start(
     """
     return _build(
         fn, args, kwargs, processes, device, gpus, pool, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
-        hang_timeout=hang_timeout, run_dir=run_dir, distributed_eval=distributed_eval, output=output,
+        hang_timeout=hang_timeout, run_dir=run_dir, distributed_eval=distributed_eval, lazy_corpus=lazy_corpus,
+        output=output,
     ).start()  # fmt: skip
 
 
@@ -91,6 +93,7 @@ def launch(
     run_dir: str | Path | None = None,
     pool: WorkerSource | None = None,
     distributed_eval: bool = True,
+    lazy_corpus: bool = True,
     output: str = "rank0",
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on one process per device and return a :class:`RunResult`.
@@ -133,6 +136,10 @@ def launch(
         distributed_eval: with several processes, each rank evaluates only its share of every split flair
             (or ``fn``) evaluates, and every rank gets the result one process would
             (:mod:`flair_nbddp.distributed_eval`); False: every rank evaluates the whole split, as flair does.
+        lazy_corpus: a flair corpus (or dataset) among the arguments stays in its compact shipped form in each
+            worker, and each sentence is built when flair reads it (:mod:`flair_nbddp.lazy_corpus`): worker
+            memory and start-up do not grow with the corpus. A change the function makes to a sentence lasts
+            while it holds that sentence. False: every sentence is built before ``fn`` starts, as in the notebook.
 
     Raises:
         WorkerError: a rank failed (``.rank``, the remote traceback, ``.result`` with the logs).
@@ -154,7 +161,8 @@ def launch(
     """
     run = _build(
         fn, args, kwargs, processes, device, gpus, pool, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
-        hang_timeout=hang_timeout, run_dir=run_dir, distributed_eval=distributed_eval, output=output,
+        hang_timeout=hang_timeout, run_dir=run_dir, distributed_eval=distributed_eval, lazy_corpus=lazy_corpus,
+        output=output,
     )  # fmt: skip
     view = open_view(run, dashboard)  # before any worker starts: an impossible view must not cost a start
     shown = False  # a run that never started has nothing to show

@@ -72,7 +72,7 @@ from .errors import ConfigurationError, UnsupportedContentError
 
 __all__ = ["decode", "encode", "fingerprint", "supports"]
 
-_MAGIC = b"FNBDDP-CODEC\x00\x01"
+_MAGIC = b"FNBDDP-CODEC\x00\x02"
 _LENGTH = struct.Struct("<I")
 _INT_DTYPES = ("<i1", "<i2", "<i4", "<i8")
 _SEPARATORS = ("\x00", "\x1f", "\n")  # then private-use characters
@@ -202,7 +202,12 @@ def _is_datapoint(obj: Any) -> bool:
 
 
 def _is_datapoint_list(obj: Any) -> bool:
-    return type(obj) is list and all(map(_is_datapoint, obj))
+    return (type(obj) is list and all(map(_is_datapoint, obj))) or _is_lazy(obj)
+
+
+def _is_lazy(obj: Any) -> bool:
+    """A lazy list of data points (:class:`~flair_nbddp.lazy_corpus.LazyDataPoints`): encoded as its items."""
+    return hasattr(type(obj), "__flair_nbddp_datapoints__")
 
 
 def _is_dataset(obj: Any) -> bool:
@@ -338,16 +343,21 @@ class _Encoder:
         root = self._pickle(self.root, self._register)
         links = self._sentence_attributes()  # may add linked sentences: must precede the token columns
         sections, unusual_tokens = self._token_columns()
+        marks = []  # where each sentence's, then each group's, annotations begin in the streams; then their end
         for index, sentence in enumerate(self.sentences):
+            marks += (len(self.ints), len(self.scores), self.labels_written)
             self._write_sentence_annotations(index, sentence, unusual_tokens.get(index, ()))
         for index, group in enumerate(self.groups):
+            marks += (len(self.ints), len(self.scores), self.labels_written)
             self._write_group(index, group)
+        marks += (len(self.ints), len(self.scores), self.labels_written)
         extras = self._pickle(self.extras, self._known) if self.extras else b""
         sections += [
             ("links", _int_array(links)),
             ("groups", _int_array([i for group in self.groups for i in self._group_members(group)])),
             ("lists", _int_array([len(items) for items in self.lists])),
             ("items", _int_array([self._item(item) for items in self.lists for item in items])),
+            ("marks", _int_array(marks)),
             ("ints", _int_array(self.ints)),
             ("scores", np.array(self.scores, dtype="<f8")),
             ("extras", extras),
@@ -376,10 +386,13 @@ class _Encoder:
             for name in self.flair.groups[type(obj)]:
                 self._register(getattr(obj, name))
             return self._add("g", self.groups, obj)
-        if type(obj) is list and obj and _is_datapoint_list(obj):
-            for item in obj:
+        if (type(obj) is list and obj and _is_datapoint_list(obj)) or _is_lazy(obj):
+            items = obj.__flair_nbddp_datapoints__() if _is_lazy(obj) else obj
+            for item in items:
                 self._register(item)
-            return self._add("l", self.lists, obj)
+            reference = self.ids[id(obj)] = ("l", len(self.lists))  # the root holds obj: its id stays unique
+            self.lists.append(items)
+            return reference
         return None
 
     def _known(self, obj: Any) -> tuple[str, int] | None:
@@ -605,19 +618,30 @@ class _Encoder:
             self.extras["g", index] = extra
 
 
+class _Stream:
+    """One data point's stretch of the integer and score streams, and the number of its first label."""
+
+    def __init__(self, decoder: _Decoder, mark: int) -> None:
+        (ints, scores, labels), (ints_end, scores_end, _) = decoder.marks[mark], decoder.marks[mark + 1]
+        self.next_int = iter(decoder.sections["ints"][ints:ints_end].tolist()).__next__
+        self.next_score = iter(decoder.sections["scores"][scores:scores_end].tolist()).__next__
+        self.label = labels
+
+
 class _Decoder:
-    """One decoding: reads the sections, rebuilds the tables, then unpickles the object around them."""
+    """Reads the sections and rebuilds any one sentence or pair on its own; :meth:`decode` rebuilds them all
+    and the object around them. Random access is what a lazy corpus (:mod:`flair_nbddp.lazy_corpus`) needs."""
 
     def __init__(self, data: bytes) -> None:
         if not data.startswith(_MAGIC):
-            raise ConfigurationError("these bytes were not written by flair_nbddp.codec.encode")
+            raise ConfigurationError("these bytes were not written by this version of flair_nbddp.codec.encode")
         (length,) = _LENGTH.unpack_from(data, len(_MAGIC))
         offset = len(_MAGIC) + _LENGTH.size
-        self.header = json.loads(data[offset : offset + length])
+        self.header = header = json.loads(data[offset : offset + length])
         offset += length
         view = memoryview(data)
         self.sections: dict[str, Any] = {}
-        for name, dtype, size in self.header["sections"]:
+        for name, dtype, size in header["sections"]:
             if dtype == "bytes":
                 self.sections[name] = view[offset : offset + size]
             else:
@@ -625,56 +649,114 @@ class _Decoder:
                 self.sections[name] = np.frombuffer(data, dtype=dtype, count=items, offset=offset)
             offset += size
         self.flair = _flair()
-        self.strings: list[str] = self.header["strings"]
-        self.next_int = iter(self.sections["ints"].tolist()).__next__
-        self.next_score = iter(self.sections["scores"].tolist()).__next__
-        self.parts: dict[int, list] = {}  # per sentence index, its spans and relations
+        self.strings: list[str] = header["strings"]
+        sections = self.sections
+        counts = sections["counts"]
+        self.size = len(counts)
+        self.token_offsets = np.concatenate(([0], np.cumsum(counts, dtype=np.int64))).tolist()
+        words = str(sections["vocabulary"], "utf-8", "surrogatepass").split(header["separator"])
+        words = words if header["vocabulary"] else []
+        self.vocabulary = np.array(words, dtype=object)  # one shared str per distinct text
+        self.steps = np.fromiter(map(len, words), dtype=np.int64, count=len(words)) if header["derived_starts"] else None
+        self.marks = sections["marks"].reshape(-1, 3).tolist()
+        self.group_members = self._group_members()
+        list_ends = np.cumsum(sections["lists"], dtype=np.int64).tolist()
+        self.list_bounds = list(zip([0, *list_ends], list_ends))
         self.extras: dict[tuple, Any] = {}
-        self.labels_read = 0
+        self.extras_of: dict[int, list[tuple]] = {}  # per sentence index, its extras' keys
+
+    # -- everything at once ---------------------------------------------------------------------------
 
     def decode(self) -> Any:
         """Sentences and their tokens first, then pairs, lists, the side table, annotations, and the root."""
-        sentences = self._sentences()
-        groups = self._groups(sentences)
-        lists = self._lists(sentences, groups)
-        tables = {"s": sentences, "g": groups, "l": lists}
-        if self.sections["extras"]:
-            self.extras = _Unpickler(self.sections["extras"], tables).load()
-        for index, sentence in enumerate(sentences):
-            self._read_sentence_annotations(index, sentence)
-        for group in groups:
-            group.annotation_layers = self._read_layers(lambda ref, group=group: group)
-        self._apply_extras(sentences, groups)
-        return _Unpickler(self.sections["root"], tables).load()
-
-    def _sentences(self) -> list:
-        """Every sentence with its tokens and context links; annotations come later."""
-        header, sections = self.header, self.sections
-        counts = sections["counts"]
-        vocabulary = str(sections["vocabulary"], "utf-8", "surrogatepass").split(header["separator"])
-        vocabulary = vocabulary if header["vocabulary"] else []
-        form_ids = sections["forms"]
-        forms = np.array(vocabulary, dtype=object)[form_ids].tolist()  # one shared str per distinct text
-        spaces = sections["spaces"]
-        starts = sections["starts"]
-        if header["derived_starts"]:
-            starts = _derived_starts(_token_steps(vocabulary, form_ids, spaces), counts, starts)
-        spaces, starts = spaces.tolist(), starts.tolist()
-
-        sentences = []
-        offset = 0
-        for length in counts.tolist():
-            end = offset + length
-            sentence = self._sentence_shell()
-            columns = (forms[offset:end], spaces[offset:end], starts[offset:end])
-            sentence.tokens = _make_tokens(self.flair.Token, sentence, *columns)
-            sentences.append(sentence)
-            offset = end
+        sentences = [self.tokens_of(index) for index in range(self.size)]
         links = self.sections["links"].tolist()
         for sentence, previous, following in zip(sentences, links[::2], links[1::2]):
             sentence._previous_sentence = sentences[previous - 1] if previous else None
             sentence._next_sentence = sentences[following - 1] if following else None
-        return sentences
+        groups = [self.group_shell(index, sentences.__getitem__) for index in range(len(self.group_members))]
+        lists = [self.items(index, sentences.__getitem__, groups.__getitem__) for index in range(len(self.list_bounds))]
+        tables = {"s": sentences, "g": groups, "l": lists}
+        self.read_extras(tables)
+        for index, sentence in enumerate(sentences):
+            self.annotate(index, sentence)
+        for index, group in enumerate(groups):
+            self.annotate_group(index, group)
+        return self.root(tables)
+
+    def read_extras(self, tables: dict[str, Any]) -> None:
+        """Unpickle the side table, its references to sentences, pairs and lists resolved with ``tables``."""
+        if self.sections["extras"]:
+            self.extras = _Unpickler(self.sections["extras"], tables).load()
+        for key in self.extras:
+            if key[0] in ("s", "t", "p"):
+                self.extras_of.setdefault(key[1], []).append(key)
+
+    def root(self, tables: dict[str, Any]) -> Any:
+        """The object around the sentences, its references resolved with ``tables``."""
+        return _Unpickler(self.sections["root"], tables).load()
+
+    @property
+    def linked(self) -> bool:
+        """Whether any sentence links to a previous or next one (flair's context)."""
+        return bool(self.sections["links"].any())
+
+    # -- one at a time --------------------------------------------------------------------------------
+
+    def items(self, index: int, sentence: Callable[[int], Any], group: Callable[[int], Any]) -> list:
+        """List ``index`` of the tables, its sentences and pairs taken from ``sentence`` and ``group``."""
+        return [sentence(i) if i >= 0 else group(-1 - i) for i in self.item_codes(index).tolist()]
+
+    def item_codes(self, index: int) -> np.ndarray:
+        """List ``index`` as codes: a sentence's index, or ``-1 - index`` of a pair."""
+        start, end = self.list_bounds[index]
+        return self.sections["items"][start:end]
+
+    def tokens_of(self, index: int) -> Any:
+        """Sentence ``index`` with its tokens, before its annotations and links."""
+        start, end = self.token_offsets[index], self.token_offsets[index + 1]
+        form_ids = self.sections["forms"][start:end]
+        spaces = self.sections["spaces"][start:end]
+        if self.steps is None:
+            starts = self.sections["starts"][start:end].tolist()
+        else:  # each token starts where the previous one's whitespace ends, from the sentence's first start
+            steps = self.steps[form_ids] + spaces
+            starts = (np.cumsum(steps) - steps + int(self.sections["starts"][index])).tolist()
+        sentence = self._sentence_shell()
+        sentence.tokens = _make_tokens(
+            self.flair.Token, sentence, self.vocabulary[form_ids].tolist(), spaces.tolist(), starts
+        )
+        return sentence
+
+    def sentence(self, index: int) -> Any:
+        """Sentence ``index`` whole, on its own: tokens, annotations and attributes (not its context links)."""
+        sentence = self.tokens_of(index)
+        self.annotate(index, sentence)
+        return sentence
+
+    def group_shell(self, index: int, sentence: Callable[[int], Any]) -> Any:
+        """Pair or triple ``index``, its sentences taken from ``sentence``, without its labels."""
+        kind, members = self.group_members[index]
+        group = object.__new__(kind)
+        group.annotation_layers = {}
+        group._embeddings = {}
+        group._metadata = {}
+        for name, member in zip(self.flair.groups[kind], members):
+            setattr(group, name, sentence(member))
+        if kind is self.flair.DataPair:
+            group.concatenated_data = None
+        return group
+
+    def group(self, index: int, sentence: Callable[[int], Any]) -> Any:
+        """Pair or triple ``index`` whole, its sentences taken from ``sentence``."""
+        group = self.group_shell(index, sentence)
+        self.annotate_group(index, group)
+        return group
+
+    def _group_members(self) -> list[tuple[type, list[int]]]:
+        kinds = {len(members): kind for kind, members in self.flair.groups.items()}
+        members = iter(self.sections["groups"].tolist())
+        return [(kinds[size], [next(members) for _ in range(size)]) for size in members]
 
     def _sentence_shell(self) -> Any:
         """A Sentence with flair's defaults, its attributes in the order Sentence.__init__ sets them."""
@@ -694,35 +776,11 @@ class _Decoder:
         sentence._position_in_dataset = None
         return sentence
 
-    def _groups(self, sentences: list) -> list:
-        """The pairs and triples, without their labels yet."""
-        flair = self.flair
-        kinds = {len(members): kind for kind, members in flair.groups.items()}
-        members = iter(self.sections["groups"].tolist())
-        groups = []
-        for size in members:
-            group = object.__new__(kinds[size])
-            group.annotation_layers = {}
-            group._embeddings = {}
-            group._metadata = {}
-            for name in flair.groups[kinds[size]]:
-                setattr(group, name, sentences[next(members)])
-            if kinds[size] is flair.DataPair:
-                group.concatenated_data = None
-            groups.append(group)
-        return groups
-
-    def _lists(self, sentences: list, groups: list) -> list[list]:
-        items = self.sections["items"].tolist()
-        lists, offset = [], 0
-        for length in self.sections["lists"].tolist():
-            lists.append([sentences[i] if i >= 0 else groups[-1 - i] for i in items[offset : offset + length]])
-            offset += length
-        return lists
-
-    def _read_sentence_annotations(self, index: int, sentence: Any) -> None:
-        """Read a sentence's spans, relations, known spans and labels from the integer stream."""
-        flair, next_int, tokens = self.flair, self.next_int, sentence.tokens
+    def annotate(self, index: int, sentence: Any) -> None:
+        """Give sentence ``index`` its spans, relations, known spans, labels, and side-table attributes."""
+        flair, tokens = self.flair, sentence.tokens
+        stream = _Stream(self, index)
+        next_int = stream.next_int
         specs = [(next_int(), next_int(), next_int()) for _ in range(next_int())]
         parts = [_part_shell(flair.Span if kind == _SPAN else flair.Relation, sentence) for kind, _, _ in specs]
         for part, (kind, a, b) in zip(parts, specs):
@@ -730,8 +788,6 @@ class _Decoder:
                 part.tokens = tokens[a:b]
             else:
                 part.first, part.second = parts[a], parts[b]
-        if parts:
-            self.parts[index] = parts
         for _ in range(next_int()):
             part, key = parts[next_int()], next_int()
             sentence._known_spans[self.strings[key - 1] if key else part.unlabeled_identifier] = part
@@ -745,43 +801,37 @@ class _Decoder:
 
         for _ in range(next_int()):
             point = resolve(next_int())  # read before the layers: an assignment evaluates its target last
-            point.annotation_layers = self._read_layers(resolve)
+            point.annotation_layers = self._read_layers(resolve, stream)
         for _ in range(next_int()):
             token = tokens[next_int() - 1]
-            token.tags_proba_dist = self._read_layers(resolve)
+            token.tags_proba_dist = self._read_layers(resolve, stream)
+        for key in self.extras_of.get(index, ()):
+            kind = key[0]
+            target = sentence if kind == "s" else tokens[key[2]] if kind == "t" else parts[key[2]]
+            for name, value in self.extras[key].items():
+                setattr(target, name, value)
 
-    def _read_layers(self, resolve: Callable[[int], Any]) -> dict:
+    def annotate_group(self, index: int, group: Any) -> None:
+        """Give pair or triple ``index`` its labels and side-table attributes."""
+        group.annotation_layers = self._read_layers(lambda ref: group, _Stream(self, self.size + index))
+        for name, value in self.extras.get(("g", index), {}).items():
+            setattr(group, name, value)
+
+    def _read_layers(self, resolve: Callable[[int], Any], stream: _Stream) -> dict:
         """Read ``{type: [Label, ...]}``, the inverse of ``_Encoder._write_layers``."""
-        next_int, strings, label_class = self.next_int, self.strings, self.flair.Label
+        next_int, strings, label_class = stream.next_int, self.strings, self.flair.Label
         layers = {}
         for _ in range(next_int()):
             typename = strings[next_int()]
             labels = layers[typename] = []
             for _ in range(next_int()):
-                label = label_class(resolve(next_int()), strings[next_int()], self.next_score())
-                metadata = self.extras.get(("label", self.labels_read))
+                label = label_class(resolve(next_int()), strings[next_int()], stream.next_score())
+                metadata = self.extras.get(("label", stream.label))
                 if metadata is not None:
                     label.metadata = metadata
-                self.labels_read += 1
+                stream.label += 1
                 labels.append(label)
         return layers
-
-    def _apply_extras(self, sentences: list, groups: list) -> None:
-        """Set the attributes the side table holds on the objects they belong to."""
-        for key, attributes in self.extras.items():
-            kind = key[0]
-            if kind == "label":
-                continue
-            if kind == "s":
-                target = sentences[key[1]]
-            elif kind == "t":
-                target = sentences[key[1]].tokens[key[2]]
-            elif kind == "p":
-                target = self.parts[key[1]][key[2]]
-            else:
-                target = groups[key[1]]
-            for name, value in attributes.items():
-                setattr(target, name, value)
 
 
 def _part_shell(cls: type, sentence: Any) -> Any:

@@ -88,6 +88,10 @@ class PoolClosedError(FlairNbddpError, RuntimeError):
 
 
 # -- inside the workers ---------------------------------------------------------------------------
+class PoolRefError(FlairNbddpError, RuntimeError):
+    """A :class:`~flair_nbddp.PoolRef` that was released, or whose pool was closed, was given to a run."""
+
+
 class CorpusMismatchError(FlairNbddpError, RuntimeError):
     """The corpus bytes a worker read differ from the ones the notebook packed."""
 

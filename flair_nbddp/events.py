@@ -46,14 +46,18 @@ class WorkerSpec:
 @dataclass(frozen=True)
 class Job:
     """One run for a group of workers: its packed call, where rank 0 puts the result, the seed, the run
-    directory each rank writes its output to (``rank<r>.log``) while the job runs, and whether the ranks
-    share out flair's evaluations (:mod:`flair_nbddp.distributed_eval`)."""
+    directory each rank writes its output to (``rank<r>.log``) while the job runs, whether the ranks
+    share out flair's evaluations (:mod:`flair_nbddp.distributed_eval`), whether corpora stay compact until
+    read (:mod:`flair_nbddp.lazy_corpus`), and the objects put on the pool that the workers may keep
+    (:meth:`flair_nbddp.WorkerPool.put`)."""
 
     payload: str
     result: str
     seed: int
     run_dir: str
     distributed_eval: bool = True
+    lazy_corpus: bool = True
+    shared: tuple[str, ...] = ()
     key: str = field(default_factory=lambda: uuid.uuid4().hex)  # names this job in the ranks' shared store
 
 

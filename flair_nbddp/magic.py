@@ -1,5 +1,5 @@
-"""IPython magics: ``%%ddp_train`` runs a cell on every device, ``%ddp_pool`` keeps warm workers for it,
-``%ddp_info`` shows devices and runs.
+"""IPython magics: ``%%ddp_train`` runs a cell on every device, ``%ddp_pool`` keeps warm workers for it (and
+corpora in them: ``%ddp_pool put corpus``), ``%ddp_info`` shows devices and runs.
 
 Load them with ``%load_ext flair_nbddp``.
 
@@ -91,6 +91,41 @@ def _check_names(cell: str, namespace: dict) -> dict:
     return shipped
 
 
+def use_pool_copies(shipped: dict, pool: WorkerPool) -> tuple[dict, list[str]]:
+    """Replace each shipped variable put with ``%ddp_pool put`` by the pool's copy, where it is still the object
+    put with the same splits; say what was used and what was packed again.
+
+    Example:
+        >>> from flair_nbddp.synthetic import sentiment_corpus
+        >>> pool, corpus = WorkerPool(2, "cpu"), sentiment_corpus(n_train=10, n_dev=2, n_test=2)
+        >>> pool.named["corpus"] = pool.put(corpus)
+        >>> shipped, notes = use_pool_copies({"corpus": corpus, "lr": 0.1}, pool)
+        >>> type(shipped["corpus"]).__name__, shipped["lr"], notes[0][:44]
+        ('PoolRef', 0.1, "corpus: the pool's copy (PoolRef Corpus, 0.0")
+        >>> _ = corpus.downsample(0.5)                       # new splits: the copy is out of date
+        >>> use_pool_copies({"corpus": corpus}, pool)[1][0][:57]
+        'corpus changed since it was put on the pool (another obje'
+        >>> pool.close()
+    """
+    shipped, notes = dict(shipped), []
+    for name, value in shipped.items():
+        ref = pool.named.get(name)
+        if ref is None:
+            continue
+        if ref.matches(value):
+            shipped[name] = ref
+            notes.append(
+                f"{name}: the pool's copy ({ref.describe()}); changes made inside it since do not reach the "
+                f"workers: '%ddp_pool put {name}' again after such changes"
+            )
+        else:
+            notes.append(
+                f"{name} changed since it was put on the pool (another object, or other splits): packing it for "
+                f"this cell; '%ddp_pool put {name}' shares the new one"
+            )
+    return shipped, notes
+
+
 def _unshippable(shipped: dict) -> str | None:
     for name, value in shipped.items():
         message = describe_unpicklable(f"variable {name!r} ({type(value).__name__})", name, value, where="this cell")
@@ -129,13 +164,18 @@ class DdpMagics(Magics):
         "--no-distributed-eval", action="store_true",
         help="every rank evaluates whole splits, as flair does (default: each rank its share)",
     )  # fmt: skip
+    @argument(
+        "--no-lazy-corpus", action="store_true",
+        help="build every sentence of a shipped corpus before the cell runs (default: each when flair reads it)",
+    )  # fmt: skip
     @cell_magic
     def ddp_train(self, line: str, cell: str):
         """Run the cell on every rank (flair's ``multi_gpu=True`` works in it); rank 0's last value is the output.
 
         Names the cell reads from the notebook (a corpus, a label type, helpers from earlier cells) are
         shipped to the workers; nothing else is. While ``%ddp_pool start`` holds warm workers, the cell
-        runs on them (``--processes``/``--device`` must then match the pool or be left out).
+        runs on them (``--processes``/``--device`` must then match the pool or be left out), and a variable
+        put on the pool (``%ddp_pool put corpus``) goes as the workers' copy while it is the object put.
         """
         options = parse_argstring(self.ddp_train, line)
         if options.out is not None and not options.out.isidentifier():
@@ -143,6 +183,10 @@ class DdpMagics(Magics):
         source = plain_python(cell, self.shell.transform_cell)
         shipped = _check_names(source, self.shell.user_ns)
         pool = current_pool()
+        if pool is not None:
+            shipped, notes = use_pool_copies(shipped, pool)
+            for note in notes:
+                print(f"flair_nbddp: {note}", flush=True)
         try:
             result = launch(
                 execute_cell,
@@ -157,6 +201,7 @@ class DdpMagics(Magics):
                 dashboard=False if options.no_dashboard else None,
                 pool=pool,
                 distributed_eval=not options.no_distributed_eval,
+                lazy_corpus=not options.no_lazy_corpus,
                 output=options.output,
             )
         except ShippingError as error:
@@ -168,20 +213,33 @@ class DdpMagics(Magics):
         return result.value
 
     @magic_arguments()
-    @argument("action", choices=["start", "stop", "status"], help="start warm workers, end them, or describe them")
-    @argument("processes", nargs="?", type=int, default=None, help="with start: number of workers")
+    @argument(
+        "action", choices=["start", "stop", "status", "put", "release"],
+        help="start warm workers, end them, describe them, put notebook variables in them, or release those",
+    )  # fmt: skip
+    @argument("targets", nargs="*", help="with start: number of workers; with put/release: variable names")
     @argument("--device", choices=["cpu", "cuda"], default=None, help="with start: default cuda when available")
     @argument("--gpus", default=None, metavar="0,2", help="with start: these GPUs only, one worker each")
     @line_magic
     def ddp_pool(self, line: str) -> WorkerPool | None:
-        """``%ddp_pool start [N]`` keeps N warm workers for ``%%ddp_train`` and the panel; ``stop`` ends them."""
+        """``%ddp_pool start [N]`` keeps N warm workers for ``%%ddp_train`` and the panel; ``stop`` ends them.
+
+        ``%ddp_pool put corpus`` packs the notebook variable ``corpus`` once into the workers: ``%%ddp_train``
+        cells that use it get the workers' copy while ``corpus`` is that object with the same splits (changes
+        inside it need another put); ``%ddp_pool release corpus`` drops it.
+        """
         options = parse_argstring(self.ddp_pool, line)
         pool = current_pool()
-        if options.action == "start":
+        if options.action in ("put", "release"):
+            self._put_or_release(pool, options.action, options.targets)
+        elif options.action == "start":
             if pool is not None:
                 raise UsageError(f"a pool is already started ({pool.status()}); '%ddp_pool stop' ends it")
+            if len(options.targets) > 1 or not all(target.isdigit() for target in options.targets):
+                raise UsageError(f"'%ddp_pool start' takes a number of workers, not {' '.join(options.targets)!r}")
+            processes = int(options.targets[0]) if options.targets else None
             try:
-                pool = WorkerPool(options.processes, options.device, gpus=gpu_list(options.gpus))
+                pool = WorkerPool(processes, options.device, gpus=gpu_list(options.gpus))
             except (ConfigurationError, UnsupportedPlatformError) as error:
                 raise UsageError(str(error)) from None
             pool.warm_up()
@@ -197,6 +255,34 @@ class DdpMagics(Magics):
         else:
             print(pool.status() if pool else "no pool is started: '%ddp_pool start [N]' starts one")
         return None
+
+    def _put_or_release(self, pool: WorkerPool | None, action: str, names: list[str]) -> None:
+        if pool is None:
+            raise UsageError(f"no pool is started: '%ddp_pool start [N]' first ({action} keeps objects in its workers)")
+        if not names:
+            held = [f"  {name}: {ref.describe()}" for name, ref in pool.named.items()]
+            print("\n".join(["put on the pool:", *held]) if held else "nothing is put on the pool")
+            return
+        for name in names:
+            if action == "release":
+                if name not in pool.named:
+                    raise UsageError(f"{name!r} is not put on the pool (put: {', '.join(pool.named) or 'nothing'})")
+                pool.drop(pool.named[name])
+                print(f"released {name}: the workers drop their copy before their next job")
+                continue
+            if name not in self.shell.user_ns:
+                raise UsageError(f"{name!r} is not defined in the notebook: run the cell that defines it first")
+            try:
+                ref = pool.put(self.shell.user_ns[name])
+            except ShippingError as error:
+                raise UsageError(str(error)) from None
+            if name in pool.named:
+                pool.drop(pool.named[name])
+            pool.named[name] = ref
+            print(
+                f"put {name} on the pool ({ref.describe()}): cells that use {name} get the workers' copy while it "
+                f"is this object with the same splits; after changing it in place, '%ddp_pool put {name}' again"
+            )
 
     @line_magic
     def ddp_info(self, line: str = "") -> None:

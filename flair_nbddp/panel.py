@@ -395,7 +395,10 @@ class TrainingPanel:
     pressed. Train returns at once and the run goes on in the background: a cell that waited for it could
     not receive the Stop click. The form is locked until the run ends; Stop ends it gracefully (every rank
     stops after the same batch and flair saves ``final-model.pt``, as with a kernel interrupt); then Train
-    starts the next run. With a warm pool (``%ddp_pool start``) the runs use the pool's workers.
+    starts the next run. With a warm pool (``%ddp_pool start``) the runs use the pool's workers, and the
+    corpus is put on the pool once (:meth:`~flair_nbddp.WorkerPool.put`): later runs use the workers' copy
+    while ``panel.corpus`` is the same object with the same splits. Changes made inside its sentences are not
+    seen: after such changes, assign it again (``panel.corpus = corpus``) and the next run puts it afresh.
 
     How ``params`` become widgets, [starting at]:
 
@@ -421,7 +424,8 @@ class TrainingPanel:
         fixed: more keyword arguments every run passes unchanged (paths, ``return_model=False``...).
         processes, device: the selector's first choice (default: every GPU, else 2 CPU processes;
             ``$FLAIR_NBDDP_PROCESSES``/``$FLAIR_NBDDP_DEVICE`` apply).
-        seed, timeout, stop_timeout, hang_timeout, distributed_eval: passed to every :class:`~flair_nbddp.Run`
+        seed, timeout, stop_timeout, hang_timeout, distributed_eval, lazy_corpus: passed to every
+            :class:`~flair_nbddp.Run`
             (as for :func:`~flair_nbddp.launch`).
 
     Raises:
@@ -462,13 +466,15 @@ class TrainingPanel:
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
         hang_timeout: float | None = DEFAULT_HANG_TIMEOUT,
         distributed_eval: bool = True,
+        lazy_corpus: bool = True,
     ) -> None:
         if not callable(fn):
             raise NotCallableError(f"fn must be callable (the training function), not {type(fn).__name__}")
-        self.fn, self.corpus, self.fixed = fn, corpus, dict(fixed or {})
+        self.fn, self.fixed = fn, dict(fixed or {})
+        self.corpus = corpus
         self.run_options = dict(
             seed=seed, timeout=timeout, stop_timeout=stop_timeout, hang_timeout=hang_timeout,
-            distributed_eval=distributed_eval,
+            distributed_eval=distributed_eval, lazy_corpus=lazy_corpus,
         )  # fmt: skip
         self.controls = build_form(dict(params or {}))
         self._check_arguments()
@@ -611,6 +617,30 @@ class TrainingPanel:
             text += f"; last {last.status}" + "".join(f", {name} {value:.4f}" for name, value in last.scores.items())
         return text + ")"
 
+    @property
+    def corpus(self) -> Any:
+        """The corpus every run gets; assigning it (even the same object) puts it on the pool afresh."""
+        return self._corpus
+
+    @corpus.setter
+    def corpus(self, corpus: Any) -> None:
+        self._corpus = corpus
+        self._drop_shared()
+
+    def _drop_shared(self) -> None:
+        shared, self._shared = getattr(self, "_shared", None), None
+        if shared is not None:
+            shared.release()
+
+    def _corpus_for(self, pool: WorkerPool | None) -> Any:
+        """The corpus as a run ships it: on a pool, the workers' copy (put now unless the one put still matches)."""
+        if pool is None:
+            return self.corpus
+        if self._shared is None or self._shared not in pool.refs or not self._shared.matches(self.corpus):
+            self._drop_shared()
+            self._shared = pool.put(self.corpus)
+        return self._shared
+
     # -- running ----------------------------------------------------------------------------------
     def _on_train_click(self, _: Any) -> None:
         try:
@@ -622,7 +652,7 @@ class TrainingPanel:
         chosen, pool = self.values, current_pool()
         self._sync_devices()
         device, processes = self.devices.value
-        args = () if self.corpus is None else (self.corpus,)
+        args = () if self.corpus is None else (self._corpus_for(pool),)
         run = start(
             self.fn, args, {**self.fixed, **chosen}, device=device, processes=processes, pool=pool, **self.run_options
         )

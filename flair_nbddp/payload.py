@@ -5,7 +5,8 @@ file-less ``__main__``) travel by value. Two kinds of object take another path:
 
 * flair corpora, datasets and sentences go through :mod:`flair_nbddp.codec`, which is compact and
   handles span labels (plain pickling of those fails in flair 0.15.1). Each rank checks the bytes it
-  read against the parent's hash before decoding them.
+  read against the parent's hash before decoding them, and keeps a job's corpora lazy
+  (:mod:`flair_nbddp.lazy_corpus`) when the job asks for it.
 * flair models travel through flair's own ``save``/``load`` state (plain pickling fails for some
   embeddings); in a worker they land on its device, back in the notebook on CPU.
 
@@ -34,7 +35,7 @@ from typing import Any, Callable, NamedTuple
 import cloudpickle
 
 from . import codec
-from .errors import CorpusMismatchError, PayloadWriteError, ShippingError
+from .errors import CorpusMismatchError, PayloadWriteError, PoolRefError, ShippingError
 
 
 def _is_flair_object(obj: object) -> bool:
@@ -59,6 +60,7 @@ def _model_bytes(model: Any) -> bytes:
 
 
 _MODELS_TO_NOTEBOOK = threading.local()  # set while the parent reads a result: models land on CPU there
+_LAZY_CORPORA = threading.local()  # set while a worker reads a payload whose job keeps corpora lazy
 
 
 def rebuild_model(model_class: type, data: bytes) -> Any:
@@ -98,6 +100,10 @@ def rebuild_corpus(data: bytes, digest: str) -> Any:
             f"{digest[:12]}): the run's payload file was changed or damaged while the run started. Launch again; "
             "if it recurs, check the disk of the run directory."
         )
+    if getattr(_LAZY_CORPORA, "active", False):
+        from .lazy_corpus import decode_lazy
+
+        return decode_lazy(data)
     return codec.decode(data)
 
 
@@ -273,21 +279,53 @@ def write_payload(path: str | os.PathLike, fn: Callable, args: tuple, kwargs: di
     """
     try:
         data = dumps((fn, tuple(args), dict(kwargs)))
+    except PoolRefError:  # says what happened and what to do
+        raise
     except Exception as error:  # noqa: BLE001 - re-raised with the culprit named
         raise ShippingError(_describe_failure(fn, tuple(args), dict(kwargs), error)) from error
+    _write_or_explain(path, data, "the run's payload")
+    return len(data)
+
+
+def _write_or_explain(path: str | os.PathLike, data: bytes, what: str) -> None:
     try:
         _write_private(path, data)
     except OSError as error:
         raise PayloadWriteError(
-            error.errno, f"cannot write the run's payload ({len(data)} bytes) to {path}: {error.strerror}"
+            error.errno, f"cannot write {what} ({len(data)} bytes) to {path}: {error.strerror}"
         ) from error
-    return len(data)
 
 
-def read_payload(path: str | os.PathLike) -> tuple[Callable, tuple, dict]:
-    """Unpack what :func:`write_payload` wrote: ``(fn, args, kwargs)``."""
-    with open(path, "rb") as handle:
-        return cloudpickle.load(handle)
+def write_object(path: str | os.PathLike, obj: Any, label: str) -> tuple[int, str]:
+    """Pack one object into ``path`` (mode 0600) as :func:`dumps` does; return its size and sha256 hex digest.
+
+    Raises:
+        ShippingError: naming the part of ``obj`` (called ``label`` in the message) that cannot be pickled.
+        PayloadWriteError: the file cannot be written.
+    """
+    try:
+        data = dumps(obj)
+    except Exception as error:  # noqa: BLE001 - re-raised with the culprit named
+        message = describe_unpicklable(label, "obj", obj) or f"{label} cannot be sent to the worker processes: {error}"
+        raise ShippingError(message) from error
+    _write_or_explain(path, data, label)
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
+def loads(data: bytes) -> Any:
+    """Unpack what :func:`dumps` packed (in a worker reading a payload: its corpora lazy if the job says so)."""
+    return cloudpickle.loads(data)
+
+
+def read_payload(path: str | os.PathLike, lazy_corpus: bool = False) -> tuple[Callable, tuple, dict]:
+    """Unpack what :func:`write_payload` wrote: ``(fn, args, kwargs)``; ``lazy_corpus``: flair corpora in it stay
+    compact until read (:func:`flair_nbddp.lazy_corpus.decode_lazy`)."""
+    _LAZY_CORPORA.active = lazy_corpus
+    try:
+        with open(path, "rb") as handle:
+            return cloudpickle.load(handle)
+    finally:
+        _LAZY_CORPORA.active = False
 
 
 def write_result(path: str | os.PathLike, value: Any) -> None:

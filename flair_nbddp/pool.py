@@ -5,16 +5,21 @@ on every rank (seconds on CPU, ~30 s to the first batch on an H200 machine). A p
 a :class:`~flair_nbddp.sources.WorkerSource` like cold workers: every run on it is an ordinary run, with
 its own run directory and logs.
 
+A pool also keeps objects for its jobs: :meth:`WorkerPool.put` packs a corpus once, and every job that
+gets the returned :class:`~flair_nbddp.PoolRef` uses the workers' copy (:mod:`flair_nbddp.shared`).
+
 Example::
 
     from flair_nbddp import WorkerPool
     with WorkerPool(processes=2, device="cpu") as pool:
-        first = pool.launch_distributed(train, corpus, lr=1e-3)
-        second = pool.launch_distributed(train, corpus, lr=3e-3)  # starts at once
+        ref = pool.put(corpus)                                   # packed once
+        first = pool.launch_distributed(train, ref, lr=1e-3)
+        second = pool.launch_distributed(train, ref, lr=3e-3)   # starts at once, nothing packed again
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +32,7 @@ from .events import Job
 from .group import WorkerGroup
 from .result import RunResult
 from .rundir import RunDir
+from .shared import PoolRef
 
 _CURRENT: WorkerPool | None = None
 
@@ -70,6 +76,8 @@ class WorkerPool:
         self.jobs_run = 0
         self.recycled = 0
         self.notes: list[str] = []  # what the pool did on its own (recycling), newest last
+        self.refs: list[PoolRef] = []  # what put() packed and nothing released yet, oldest first
+        self.named: dict[str, PoolRef] = {}  # notebook variables put with '%ddp_pool put NAME'
         self._group: WorkerGroup | None = None
         self._needs_recycle: str | None = None
         self._lock = threading.Lock()
@@ -101,6 +109,7 @@ class WorkerPool:
             self._needs_recycle = None
             if self._group is None:
                 self._group = WorkerGroup(self.plan, self.home).start()
+            job = dataclasses.replace(job, shared=tuple(ref.id for ref in self.refs))  # the copies to keep
             try:
                 self._group.submit(job)
             except BaseException:  # some ranks may hold the job: these workers cannot take another
@@ -130,6 +139,45 @@ class WorkerPool:
     def launch_distributed(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         """:func:`flair_nbddp.launch_distributed` on the pool's workers: rank 0's return value."""
         return self.launch(fn, args, kwargs).value
+
+    def put(self, obj: Any) -> PoolRef:
+        """Pack ``obj`` (a corpus, or any large argument) once for every later job on this pool.
+
+        Jobs that get the returned ref, as an argument or inside one, get the workers' copy: each worker reads
+        the packed file once and keeps it until the ref is released or the pool closes, and each job decodes
+        its own copy from it (a corpus stays lazy: :mod:`flair_nbddp.lazy_corpus`). The ref is a snapshot:
+        after changing ``obj`` in the notebook, put it again.
+
+        Raises:
+            PoolClosedError: the pool was closed.
+            ShippingError: ``obj`` cannot be pickled (the message names the part).
+
+        Example:
+            >>> from flair_nbddp.synthetic import sentiment_corpus
+            >>> pool = WorkerPool(2, "cpu")
+            >>> corpus = sentiment_corpus(n_train=20, n_dev=2, n_test=2)
+            >>> ref = pool.put(corpus)
+            >>> ref.matches(corpus), len(pool.refs)
+            (True, 1)
+            >>> ref.release(); ref.released, len(pool.refs)
+            (True, 0)
+            >>> pool.close()
+        """
+        if self._closed:
+            raise PoolClosedError("this WorkerPool is closed: start a new one (WorkerPool(...) or %ddp_pool start)")
+        ref = PoolRef.put(self, self.run_dir / "shared", obj)
+        with self._lock:
+            self.refs.append(ref)
+        return ref
+
+    def drop(self, ref: PoolRef) -> None:
+        """Drop what ``ref`` holds (the same as ``ref.release()``): the workers let it go before their next job."""
+        with self._lock:
+            if ref in self.refs:
+                self.refs.remove(ref)
+            for name in [name for name, held in self.named.items() if held is ref]:
+                del self.named[name]
+        ref.discard()
 
     @property
     def started(self) -> bool:
@@ -167,6 +215,9 @@ class WorkerPool:
             if self._group is not None:
                 self._group.close()
                 self._group = None
+            refs, self.refs, self.named = self.refs, [], {}
+        for ref in refs:
+            ref.discard()
         if _CURRENT is self:
             _CURRENT = None
 

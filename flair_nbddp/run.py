@@ -84,7 +84,7 @@ class Run:
         fn, args, kwargs: the call every rank makes (packed once, read by every rank).
         source: where the ranks come from (:class:`~flair_nbddp.sources.ColdWorkers`, a
             :class:`~flair_nbddp.WorkerPool`, or any :class:`~flair_nbddp.sources.WorkerSource`).
-        seed, timeout, stop_timeout, hang_timeout, run_dir, distributed_eval, output: as for
+        seed, timeout, stop_timeout, hang_timeout, run_dir, distributed_eval, lazy_corpus, output: as for
             :func:`flair_nbddp.launch`.
 
     Raises:
@@ -105,6 +105,7 @@ class Run:
         hang_timeout: float | None = DEFAULT_HANG_TIMEOUT,
         run_dir: str | Path | None = None,
         distributed_eval: bool = True,
+        lazy_corpus: bool = True,
         output: str = "rank0",
     ) -> None:
         if not callable(fn):
@@ -115,6 +116,7 @@ class Run:
         self.limits = Limits(timeout, stop_timeout, hang_timeout)
         self._run_dir_wanted = run_dir
         self.distributed_eval = bool(distributed_eval)
+        self.lazy_corpus = bool(lazy_corpus)
         self.output_mode = check_output_mode(output)
         self.log_starts: dict[int, int] = {}  # where this run's output begins in each rank's log
         self.dir: RunDir | None = None  # created by start()
@@ -175,7 +177,10 @@ class Run:
         try:
             payload.write_payload(self.dir.payload, *self._call)
             self._call = None
-            job = Job(str(self.dir.payload), str(self.dir.result), self.seed, str(self.run_dir), self.distributed_eval)
+            job = Job(
+                str(self.dir.payload), str(self.dir.result), self.seed, str(self.run_dir), self.distributed_eval,
+                self.lazy_corpus,
+            )
             # from here on: a reused run_dir's earlier output is not this run's
             output = RankOutput(self.dir, self.plan.world_size, self.output_mode)
             self.log_starts = output.log_starts

@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable
 
-from . import distributed_eval, payload
+from . import distributed_eval, lazy_corpus, payload, shared
 from .counters import TrainingCounters
 from .errors import HealthCheckError
 from .events import (
@@ -211,6 +211,7 @@ def _bend_flair(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
     flair_compat.allow_cpu_ddp()
     flair_compat.instrument_trainer(sender, spec.rank, spec.world_size, vitals.counters, vitals.control_group)
     distributed_eval.install(spec.rank, spec.world_size, vitals.control_group, vitals.store)
+    lazy_corpus.keep_stored_embeddings()
     vitals.flair_logger.remember()  # with the handlers flair's import configured (which dropped any other)
     _attach_warnings(vitals)
 
@@ -349,11 +350,16 @@ def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) ->
     _reset_between_jobs(vitals)  # restores flair's logger: the warnings handler goes on after it
     vitals.warnings_handler = _WarningsToStderrFile(RunDir(Path(job.run_dir)).stderr(rank))
     _attach_warnings(vitals)
-    fn, args, kwargs = payload.read_payload(job.payload)
+    shared.keep_only(job.shared)  # what was released since the last job goes
+    fn, args, kwargs = payload.read_payload(job.payload, job.lazy_corpus)
     # a shipped corpus is millions of objects that live as long as the job: keep the cyclic collector
     # from rescanning them at every full collection (~11 s each for 50,000 IMDB-length documents).
-    # No collection first: the last job's garbage went while the worker waited (_release_memory).
+    # No collection first: the last job's garbage went while the worker waited (_release_memory). One after it,
+    # over what is not frozen (nothing yet), resets the collector's measure of long-lived objects: without it
+    # the next full collection waits for garbage a quarter the size of everything frozen, and the sentences a
+    # lazy corpus builds and drops (cycles: each token points to its sentence) would pile up until then.
     gc.freeze()
+    gc.collect()
     try:
         _check_health(spec.world_size, vitals.device)
         sender.send(Started(rank, os.getpid(), str(vitals.device)))

@@ -17,6 +17,7 @@ from flair.datasets import ClassificationDataset, ColumnCorpus, ColumnDataset, F
 from torch.utils.data import ConcatDataset, Subset
 
 from flair_nbddp import codec
+from flair_nbddp.lazy_corpus import decode_lazy
 from flair_nbddp.synthetic import ner_corpus, sentiment_corpus
 
 
@@ -127,9 +128,11 @@ def assert_same_corpus(original: Corpus, rebuilt: Corpus) -> None:
 
 
 def round_trip(obj):
+    """Decode ``obj``'s encoding, built up front and lazily: re-encoding either must give the same bytes."""
     data = codec.encode(obj)
     rebuilt = codec.decode(data)
     assert codec.encode(rebuilt) == data, "re-encoding the rebuilt object must give the same bytes"
+    assert codec.encode(decode_lazy(data)) == data, "re-encoding the lazy object must give the same bytes"
     return rebuilt
 
 

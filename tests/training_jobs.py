@@ -43,3 +43,56 @@ def train_ner(corpus, base_path: str, epochs: int = 15):
         base_path, max_epochs=epochs, mini_batch_size=16, learning_rate=0.1, multi_gpu=True
     )
     return {"test_score": scores["test_score"], "model": tagger}
+
+
+def train_compared(corpus, model_path: str, base_path: str, kind: str):
+    """Train on ``corpus`` as the run shipped it (lazy or built) and say which it was: ``kind`` is "train" (a
+    classifier on frozen transformer embeddings, stored on the sentences between epochs), "fine_tune" (the
+    transformer fine-tuned: nothing stored) or "tagger" (a SequenceTagger on span labels)."""
+    from flair.embeddings import OneHotEmbeddings, TransformerDocumentEmbeddings
+    from flair.models import SequenceTagger, TextClassifier
+    from flair.trainers import ModelTrainer
+
+    options = dict(max_epochs=3, mini_batch_size=8, multi_gpu=True)
+    if kind == "tagger":
+        tagger = SequenceTagger(
+            hidden_size=16, embeddings=OneHotEmbeddings.from_corpus(corpus, embedding_length=16, min_freq=1),
+            tag_dictionary=corpus.make_label_dictionary("ner"), tag_type="ner", use_crf=False,
+        )  # fmt: skip
+        scores = ModelTrainer(tagger, corpus).train(base_path, learning_rate=0.1, **options)
+    else:
+        classifier = TextClassifier(
+            TransformerDocumentEmbeddings(model_path, fine_tune=kind == "fine_tune"),
+            label_type="sentiment",
+            label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False),
+        )
+        trainer = ModelTrainer(classifier, corpus)
+        if kind == "fine_tune":
+            scores = trainer.fine_tune(base_path, learning_rate=5e-3, **options)
+        else:
+            scores = trainer.train(base_path, learning_rate=0.1, embeddings_storage_mode="cpu", **options)
+    points = corpus.train.datapoints if hasattr(corpus.train, "datapoints") else corpus.train.sentences
+    lazy = type(points).__name__ == "LazyDataPoints"
+    return {"test_score": scores["test_score"], "lazy": lazy, "kept": len(points._source.kept["s"]) if lazy else None}
+
+
+def peak_memory_after_reading(corpus) -> dict:
+    """Read every sentence of ``corpus`` twice, as two epochs do, then report this process's peak resident memory
+    (the kernel's high-water mark of this process image: ``ru_maxrss`` would include the parent's at the fork)."""
+    from pathlib import Path
+
+    tokens = 0
+    for _ in range(2):
+        for sentence in corpus.train:
+            tokens += len(sentence)
+    labels = corpus.make_label_dictionary("sentiment", add_unk=False).get_items()
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return {"peak_bytes": int(status["VmHWM"].split()[0]) * 1024, "tokens": tokens, "labels": labels}
+
+
+def read_and_change(corpus) -> dict:
+    """What a job sees of a corpus put on the pool, and a change it makes that no later job may see."""
+    first = corpus.train[0]
+    seen = first.get_label("sentiment").value
+    first.set_label("sentiment", "CHANGED")
+    return {"first": seen, "size": len(corpus.train), "text": str(first)}

@@ -1,0 +1,86 @@
+"""Big corpora in the workers: lazy corpora train exactly as built ones, worker memory does not grow with the
+corpus, and an object put on a pool is packed once for every job (process tier: 2 gloo ranks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flair_nbddp import WorkerPool, launch, payload
+from flair_nbddp.synthetic import ner_corpus, sentiment_corpus
+from training_jobs import peak_memory_after_reading, read_and_change, train_compared
+
+pytestmark = [pytest.mark.process, pytest.mark.usefixtures("no_leftover_processes")]
+
+COMPARED = ("dev/score", "dev/loss", "train/loss", "test/score")
+
+
+@pytest.fixture()
+def pool(tmp_path):
+    with WorkerPool(2, "cpu", run_dir=tmp_path / "pool") as pool:
+        yield pool
+
+
+def curves(result) -> dict[str, list]:
+    return {name: result.history(name) for name in COMPARED if result.history(name)}
+
+
+@pytest.mark.parametrize("kind", ["train", "fine_tune", "tagger"])
+def test_a_lazy_corpus_trains_exactly_as_a_built_one(pool, tiny_model_path, tmp_path, kind):
+    if kind == "tagger":
+        corpus = ner_corpus(n_train=96, n_dev=16, n_test=16, seed=4)
+    else:
+        corpus = sentiment_corpus(n_train=96, n_dev=16, n_test=16, seed=4)
+    results = {
+        lazy: pool.launch(
+            train_compared, (corpus, tiny_model_path, str(tmp_path / str(lazy)), kind), seed=11, dashboard=False,
+            lazy_corpus=lazy,
+        )  # fmt: skip
+        for lazy in (True, False)
+    }
+    lazy, built = results[True], results[False]
+    assert lazy.value["lazy"] and not built.value["lazy"]
+    assert curves(lazy)["train/loss"] and len(curves(lazy)["dev/score"]) == 3
+    assert curves(lazy) == curves(built)  # every epoch's losses and scores, bit for bit
+    assert lazy.value["test_score"] == built.value["test_score"]
+    kept = lazy.value["kept"]
+    if kind == "train":  # frozen embeddings stored on the sentences: those stay built, as flair expects
+        assert kept >= 96
+    elif kind == "fine_tune":  # nothing stored: nothing kept
+        assert kept == 0
+    else:  # trained embeddings are cleared after each batch; evaluation's (no grad) are stored, in "cpu" mode
+        assert 0 < kept <= 32
+
+
+def test_worker_memory_stays_flat_with_20000_documents():
+    peaks = {}
+    for docs in (1000, 20000):
+        corpus = sentiment_corpus(n_train=docs, n_dev=10, n_test=10, words=(200, 260), seed=0)
+        with WorkerPool(2, "cpu") as fresh:  # fresh workers per size: a peak is a high-water mark
+            value = fresh.launch_distributed(peak_memory_after_reading, corpus)
+        assert value["tokens"] == 2 * sum(len(sentence) for sentence in corpus.train)
+        assert value["labels"] == ["NEGATIVE", "POSITIVE"] or value["labels"] == ["POSITIVE", "NEGATIVE"]
+        peaks[docs] = value["peak_bytes"]
+    growth_per_1000 = (peaks[20000] - peaks[1000]) / 19
+    print(f"worker peak: {peaks[1000] / 1e6:.0f} MB (1,000 documents), {peaks[20000] / 1e6:.0f} MB (20,000)")
+    assert growth_per_1000 <= 10e6, f"{growth_per_1000 / 1e6:.1f} MB more worker memory per 1,000 documents"
+
+
+def test_a_put_corpus_is_packed_once_and_serves_three_jobs(tmp_path, monkeypatch):
+    corpus = sentiment_corpus(n_train=40, n_dev=4, n_test=4, seed=6)
+    encodes = []
+    encode = payload.codec.encode
+    monkeypatch.setattr(payload.codec, "encode", lambda obj: encodes.append(obj) or encode(obj))
+    with WorkerPool(2, "cpu", run_dir=tmp_path / "pool") as pool:
+        ref = pool.put(corpus)
+        first = pool.launch(read_and_change, (ref,), dashboard=False)
+        ref.path.unlink()  # the workers keep what they read: later jobs need no file
+        later = [pool.launch(read_and_change, (ref,), dashboard=False, lazy_corpus=lazy) for lazy in (True, False)]
+        assert len(encodes) == 1, "the corpus was packed again"
+        expected = {"first": corpus.train[0].get_label("sentiment").value, "size": 40, "text": str(corpus.train[0])}
+        for result in (first, *later):
+            expected["text"] = result.value["text"]  # the job's own change shows in its own text
+            assert result.value == expected  # and no job sees another's change
+        assert all(result.run_dir.stat().st_size < 10_000 for result in (first, *later))
+        ref.release()
+        with pytest.raises(Exception, match="was released"):
+            pool.launch(read_and_change, (ref,), dashboard=False)
