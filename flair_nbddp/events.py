@@ -41,6 +41,7 @@ class WorkerSpec:
     rendezvous_timeout: float
     stacks: str  # where SIGUSR1 dumps every thread's stack
     sys_path: tuple[str, ...]  # the parent's import path, so notebook-local modules import
+    preload: tuple[str, ...] = ()  # modules to import while the parent packs the first job (cold workers)
 
 
 @dataclass(frozen=True)

@@ -49,18 +49,19 @@ class WorkerGroup:
         self._terminate_lock = threading.Lock()
         self.terminating = False
 
-    def start(self) -> WorkerGroup:
-        """Start every rank; each waits for its first job (on which it joins the process group)."""
+    def start(self, preload: tuple[str, ...] = ()) -> WorkerGroup:
+        """Start every rank; each imports ``preload`` and waits for its first job (on which it joins the
+        process group)."""
         with rendezvous_socket() as listener:
             try:
                 for rank in range(self.plan.world_size):
-                    self._spawn(rank, listener)
+                    self._spawn(rank, listener, preload)
             except BaseException:  # e.g. an interrupt mid-way: no worker and no channel may stay behind
                 self.close(grace=0.0)
                 raise
         return self
 
-    def _spawn(self, rank: int, listener: socket.socket) -> None:
+    def _spawn(self, rank: int, listener: socket.socket, preload: tuple[str, ...]) -> None:
         port = listener.getsockname()[1]
         env = {**os.environ, **self.plan.rank_environment(rank, port)}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
@@ -74,6 +75,7 @@ class WorkerGroup:
             rendezvous_timeout=RENDEZVOUS_TIMEOUT_SECONDS,
             stacks=str(self.home.stacks(rank)),
             sys_path=tuple(entry for entry in sys.path if entry),
+            preload=preload,
         )
         # from here on every descriptor is accounted for, even if an interrupt lands between two lines
         parent_end, child_end = socket.socketpair()

@@ -89,6 +89,12 @@ class WorkerPool:
         return self.home.path
 
     # -- the worker source ------------------------------------------------------------------------
+    def prepare(self, run_dir: RunDir, preload: tuple[str, ...]) -> None:
+        """Start the workers now if none are up (the pool's first job), so they start while the job is packed."""
+        with self._lock:
+            if self._group is None and not self._closed:
+                self._group = WorkerGroup(self.plan, self.home).start(preload)
+
     def acquire(self, job: Job) -> WorkerGroup:
         """Hand ``job`` to every worker (starting or recycling them first) and return their group.
 

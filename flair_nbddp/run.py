@@ -38,6 +38,7 @@ from .events import Job
 from .result import RunResult
 from .rank_output import RankOutput, check_output_mode
 from .rundir import RunDir
+from .shared import PoolRef
 from .sources import RankGroup, WorkerSource
 from .state import RunState
 from .supervisor import Limits, Supervisor
@@ -66,6 +67,25 @@ def default_seed() -> int:
         raise ConfigurationError(
             f"{SEED_ENV}={value!r} is not a whole number: set it to one (e.g. 0), or unset it for a random seed per run"
         ) from None
+
+
+def preload_for(args: tuple, kwargs: dict) -> tuple[str, ...]:
+    """What new workers import while the call is packed, when packing takes a while: torch and flair when an
+    argument (or a value of a dict argument, as the magic's) is a flair object or a pool's copy of one; else
+    nothing (the call packs at once, and a call that cannot be packed starts no worker).
+
+    Example:
+        >>> from flair_nbddp.synthetic import sentiment_corpus
+        >>> preload_for((1,), {"x": 2}), preload_for((), {"ns": {"corpus": sentiment_corpus(2, 1, 1)}})
+        ((), ('torch', 'flair'))
+    """
+    values = [*args, *kwargs.values()]
+    values += [inner for value in values if isinstance(value, dict) for inner in value.values()]
+    ships_flair = any(
+        type(value).__module__.partition(".")[0] == "flair" or (isinstance(value, PoolRef) and value.of_flair)
+        for value in values
+    )
+    return ("torch", "flair") if ships_flair else ()
 
 
 def runs() -> list[Run]:
@@ -175,15 +195,19 @@ class Run:
     def _start(self) -> None:
         self.dir = RunDir.create(self._run_dir_wanted)
         try:
-            payload.write_payload(self.dir.payload, *self._call)
+            # from here on: a reused run_dir's earlier output is not this run's
+            output = RankOutput(self.dir, self.plan.world_size, self.output_mode)
+            self.log_starts = output.log_starts
+            fn, args, kwargs = self._call
+            preload = preload_for(args, kwargs)
+            if preload:  # a corpus takes seconds to pack: new workers start and import meanwhile
+                self.source.prepare(self.dir, preload)
+            payload.write_payload(self.dir.payload, fn, args, kwargs)
             self._call = None
             job = Job(
                 str(self.dir.payload), str(self.dir.result), self.seed, str(self.run_dir), self.distributed_eval,
                 self.lazy_corpus,
             )
-            # from here on: a reused run_dir's earlier output is not this run's
-            output = RankOutput(self.dir, self.plan.world_size, self.output_mode)
-            self.log_starts = output.log_starts
             self.group = self.source.acquire(job)  # all or nothing: a source that raises has cleaned up
             self._supervisor = Supervisor(self.group, self.state, self.limits, self.dir, output)
             _RUNS.append(self)
@@ -196,6 +220,8 @@ class Run:
                 if self.group is not None:
                     self.group.terminate()
                     self.source.release(clean=False, reason="failed to start")
+                else:  # the job never reached the ranks: those started for it go, a pool's stay
+                    self.source.release(clean=True, reason="failed to start")
                 self.state.end("failed")
                 self.dir.remove_job_files()
             raise

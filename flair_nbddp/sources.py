@@ -57,28 +57,37 @@ class WorkerSource(Protocol):
 
     plan: DevicePlan
 
+    def prepare(self, run_dir: RunDir, preload: tuple[str, ...]) -> None:
+        """Get ranks ready for the next job while the run packs it (in ``run_dir``); their workers may import
+        ``preload`` meanwhile. A source with warm ranks has nothing to do."""
+
     def acquire(self, job: Job) -> RankGroup:
         """Hand ``job`` to a group of ``plan.world_size`` ranks and return that group; all or nothing (a source
         that raises leaves no rank holding the job)."""
 
     def release(self, clean: bool, reason: str) -> None:
-        """The job is over. ``clean``: it finished, and its ranks may take another job; else ``reason``
+        """The job is over, or never reached the ranks (then ``clean``, and ranks prepared for it go if the
+        source started them for it). ``clean``: it finished, and its ranks may take another job; else ``reason``
         (its status) says why they must not (a stopped or failed job may leave a rank mid-collective)."""
 
 
 class ColdWorkers:
     """A cold launch: a pool that runs one job and exits. Its workers start for the job, in the job's run
-    directory, are told to exit right behind the job (they leave as soon as it is done), and are ended
-    when the job is released if they have not."""
+    directory, while the run packs the job (importing torch, and flair when the job ships flair objects), are
+    told to exit right behind the job (they leave as soon as it is done), and are ended when the job is released
+    if they have not."""
 
     def __init__(self, plan: DevicePlan) -> None:
         self.plan = plan
         self._group: WorkerGroup | None = None
 
+    def prepare(self, run_dir: RunDir, preload: tuple[str, ...]) -> None:
+        self._group = WorkerGroup(self.plan, run_dir).start(preload)
+
     def acquire(self, job: Job) -> WorkerGroup:
-        group = WorkerGroup(self.plan, RunDir.create(job.run_dir))
+        group = self._group or WorkerGroup(self.plan, RunDir.create(job.run_dir)).start()
+        self._group = None
         try:
-            group.start()
             group.submit(job)
             group.send_all(EXIT)
         except BaseException:  # all or nothing: no worker outlives a failed acquire

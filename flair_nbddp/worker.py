@@ -20,6 +20,7 @@ import contextlib
 import datetime
 import faulthandler
 import gc
+import importlib
 import importlib.abc
 import importlib.util
 import logging
@@ -216,14 +217,22 @@ def _bend_flair(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
     _attach_warnings(vitals)
 
 
+def _preload(modules: tuple[str, ...]) -> None:
+    """Import what the first job needs while the parent packs it. A module that fails to import is left for
+    the job, which imports it again and reports the error where the cell shows it."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - reported by the job's own import
+            return
+
+
 def set_up(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
     """Pick the device and join the process group (once per worker).
 
     flair is bent as soon as it is imported, by the job or by its payload: a job that never imports flair
     does not pay for it (seconds per worker).
     """
-    sys.path[:0] = [entry for entry in spec.sys_path if entry not in sys.path]
-
     import torch
     import torch.distributed as dist
     from torch.torch_version import TorchVersion
@@ -431,6 +440,8 @@ def main() -> None:
     _listen_to_parent(sender, jobs)
     vitals = _Vitals()
     _start_heartbeat(sender, spec.rank, vitals)
+    sys.path[:0] = [entry for entry in spec.sys_path if entry not in sys.path]  # notebook-local modules import
+    _preload(spec.preload)
     try:
         # private like every file of the run; stays open for faulthandler until exit
         stacks = os.fdopen(os.open(spec.stacks, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")

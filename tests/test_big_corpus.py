@@ -84,3 +84,34 @@ def test_a_put_corpus_is_packed_once_and_serves_three_jobs(tmp_path, monkeypatch
         ref.release()
         with pytest.raises(Exception, match="was released"):
             pool.launch(read_and_change, (ref,), dashboard=False)
+
+
+def test_the_magic_uses_a_put_corpus_until_it_changes_and_says_which_it_used(capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_line_magic("load_ext", "flair_nbddp")
+        corpus = shell.user_ns["corpus"] = sentiment_corpus(n_train=20, n_dev=2, n_test=2, seed=7)
+        original = corpus.train[0].get_label("sentiment").value
+        cell = "len(corpus.train), corpus.train[0].get_label('sentiment').value"
+        shell.run_line_magic("ddp_pool", "start 2 --device cpu")
+        shell.run_line_magic("ddp_pool", "put corpus")
+        assert "put corpus on the pool (PoolRef Corpus" in capsys.readouterr().out
+        assert shell.run_cell_magic("ddp_train", "--no-dashboard", cell) == (20, original)
+        assert "flair_nbddp: corpus: the pool's copy (PoolRef Corpus" in capsys.readouterr().out
+        # a change inside a sentence is not seen (the README's rule), and every cell says which copy it used
+        corpus.train[0].set_label("sentiment", "CHANGED")
+        assert shell.run_cell_magic("ddp_train", "--no-dashboard", cell) == (20, original)
+        assert "changes made inside it since do not reach the workers" in capsys.readouterr().out
+        shell.run_line_magic("ddp_pool", "put corpus")  # put again: the change arrives
+        assert shell.run_cell_magic("ddp_train", "--no-dashboard", cell) == (20, "CHANGED")
+        corpus.downsample(0.5)  # new splits: the cell packs the corpus itself, and says so
+        assert shell.run_cell_magic("ddp_train", "--no-dashboard", cell)[0] == 10
+        assert "corpus changed since it was put on the pool" in capsys.readouterr().out
+        shell.run_line_magic("ddp_pool", "release corpus")
+        assert shell.run_cell_magic("ddp_train", "--no-dashboard", cell)[0] == 10
+        assert "pool's copy" not in capsys.readouterr().out
+    finally:
+        shell.run_line_magic("ddp_pool", "stop")
+        InteractiveShell.clear_instance()

@@ -217,6 +217,10 @@ class CountingSource:
         self.plan = self.inner.plan
         self.calls = []
 
+    def prepare(self, run_dir, preload):
+        self.calls.append(("prepare", preload))
+        self.inner.prepare(run_dir, preload)
+
     def acquire(self, job):
         self.calls.append("acquire")
         return self.inner.acquire(job)

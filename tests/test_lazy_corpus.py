@@ -240,3 +240,21 @@ def test_put_names_what_cannot_be_pickled(pool):
 
     with pytest.raises(ShippingError, match=r"the dict given to put\(\) cannot be sent .*\['lock'\] is a lock"):
         pool.put({"lock": threading.Lock()})
+
+
+def test_the_panel_puts_its_corpus_on_the_pool_once_and_again_when_it_changes(pool):
+    from flair_nbddp import TrainingPanel
+
+    def train(corpus, max_epochs=1):
+        return max_epochs
+
+    corpus = sentiment_corpus(n_train=20, n_dev=4, n_test=4, seed=8)
+    panel = TrainingPanel(train, corpus=corpus, params={"max_epochs": (1, 3)})
+    assert panel._corpus_for(None) is corpus  # cold workers: the corpus itself
+    first = panel._corpus_for(pool)
+    assert panel._corpus_for(pool) is first and pool.refs == [first]  # packed once
+    corpus.downsample(0.5)  # new splits: put again, the old copy released
+    second = panel._corpus_for(pool)
+    assert second is not first and first.released and pool.refs == [second]
+    panel.corpus = corpus  # assigned (after a change inside it): put afresh on the next run
+    assert second.released and panel._corpus_for(pool) not in (first, second)

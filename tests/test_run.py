@@ -53,6 +53,10 @@ class FakeSource:
         self.jobs: list[Job] = []
         self.releases: list[tuple[bool, str]] = []
         self.ranks: FakeRanks | None = None
+        self.preloads: list[tuple[str, ...]] = []
+
+    def prepare(self, run_dir, preload):
+        self.preloads.append(preload)
 
     def acquire(self, job):
         self.jobs.append(job)
@@ -194,3 +198,23 @@ def test_a_reused_run_directory_shows_only_this_runs_output(source, tmp_path):
         log.write("this run's line\n")
     finish(source, 2)
     assert run.wait(timeout=10).log == "this run's line"
+
+
+def test_new_workers_start_while_a_corpus_is_packed_and_go_if_packing_fails(source):
+    from flair_nbddp.errors import ShippingError
+    from flair_nbddp.synthetic import sentiment_corpus
+
+    corpus = sentiment_corpus(n_train=4, n_dev=1, n_test=1)
+    run = Run(len, (corpus,), {}, source, hang_timeout=None).start()
+    assert source.preloads == [("torch", "flair")] and len(source.jobs) == 1
+    finish(source, 6)
+    assert run.wait(timeout=10).value == 6
+    other = FakeSource()
+    with pytest.raises(ShippingError):
+        Run(len, (corpus, threading.Lock()), {}, other, hang_timeout=None).start()
+    assert other.preloads == [("torch", "flair")] and other.jobs == []  # prepared, never handed a job
+    assert other.releases == [(True, "failed to start")]  # so what was started for it goes
+    quick = Run(double, (2,), {}, other, hang_timeout=None).start()  # a call that packs at once prepares nothing
+    assert other.preloads == [("torch", "flair")]
+    finish(other, 4)
+    assert quick.wait(timeout=10).value == 4
