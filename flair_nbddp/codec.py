@@ -619,10 +619,11 @@ class _Encoder:
 
 
 class _Stream:
-    """One data point's stretch of the integer and score streams, and the number of its first label."""
+    """The integer and score streams from data point ``first`` to just before ``end`` (every sentence, then every
+    pair, in order), and the number of the next label."""
 
-    def __init__(self, decoder: _Decoder, mark: int) -> None:
-        (ints, scores, labels), (ints_end, scores_end, _) = decoder.marks[mark], decoder.marks[mark + 1]
+    def __init__(self, decoder: _Decoder, first: int, end: int) -> None:
+        (ints, scores, labels), (ints_end, scores_end, _) = decoder.marks[first], decoder.marks[end]
         self.next_int = iter(decoder.sections["ints"][ints:ints_end].tolist()).__next__
         self.next_score = iter(decoder.sections["scores"][scores:scores_end].tolist()).__next__
         self.label = labels
@@ -668,8 +669,22 @@ class _Decoder:
     # -- everything at once ---------------------------------------------------------------------------
 
     def decode(self) -> Any:
-        """Sentences and their tokens first, then pairs, lists, the side table, annotations, and the root."""
-        sentences = [self.tokens_of(index) for index in range(self.size)]
+        """Sentences and their tokens first, then pairs, lists, the side table, annotations, and the root.
+
+        Every column is converted once, and the streams are read in one pass: many times faster for short
+        sentences than building each sentence on its own."""
+        sections = self.sections
+        forms = self.vocabulary[sections["forms"]].tolist()
+        spaces = sections["spaces"].tolist()
+        starts = sections["starts"]
+        if self.steps is not None:
+            steps = self.steps[sections["forms"]] + sections["spaces"]
+            starts = _derived_starts(steps, sections["counts"], starts)
+        starts = starts.tolist()
+        offsets = self.token_offsets
+        sentences = [
+            self._sentence(forms[a:b], spaces[a:b], starts[a:b]) for a, b in zip(offsets, offsets[1:])
+        ]
         links = self.sections["links"].tolist()
         for sentence, previous, following in zip(sentences, links[::2], links[1::2]):
             sentence._previous_sentence = sentences[previous - 1] if previous else None
@@ -678,10 +693,11 @@ class _Decoder:
         lists = [self.items(index, sentences.__getitem__, groups.__getitem__) for index in range(len(self.list_bounds))]
         tables = {"s": sentences, "g": groups, "l": lists}
         self.read_extras(tables)
+        stream = _Stream(self, 0, len(self.marks) - 1)
         for index, sentence in enumerate(sentences):
-            self.annotate(index, sentence)
+            self.annotate(index, sentence, stream)
         for index, group in enumerate(groups):
-            self.annotate_group(index, group)
+            self.annotate_group(index, group, stream)
         return self.root(tables)
 
     def read_extras(self, tables: dict[str, Any]) -> None:
@@ -722,10 +738,11 @@ class _Decoder:
         else:  # each token starts where the previous one's whitespace ends, from the sentence's first start
             steps = self.steps[form_ids] + spaces
             starts = (np.cumsum(steps) - steps + int(self.sections["starts"][index])).tolist()
+        return self._sentence(self.vocabulary[form_ids].tolist(), spaces.tolist(), starts)
+
+    def _sentence(self, forms: list, spaces: list, starts: list) -> Any:
         sentence = self._sentence_shell()
-        sentence.tokens = _make_tokens(
-            self.flair.Token, sentence, self.vocabulary[form_ids].tolist(), spaces.tolist(), starts
-        )
+        sentence.tokens = _make_tokens(self.flair.Token, sentence, forms, spaces, starts)
         return sentence
 
     def sentence(self, index: int) -> Any:
@@ -776,10 +793,11 @@ class _Decoder:
         sentence._position_in_dataset = None
         return sentence
 
-    def annotate(self, index: int, sentence: Any) -> None:
-        """Give sentence ``index`` its spans, relations, known spans, labels, and side-table attributes."""
+    def annotate(self, index: int, sentence: Any, stream: _Stream | None = None) -> None:
+        """Give sentence ``index`` its spans, relations, known spans, labels, and side-table attributes, read from
+        ``stream`` (where it stands at this sentence) or from the sentence's own stretch of the streams."""
         flair, tokens = self.flair, sentence.tokens
-        stream = _Stream(self, index)
+        stream = stream or _Stream(self, index, index + 1)
         next_int = stream.next_int
         specs = [(next_int(), next_int(), next_int()) for _ in range(next_int())]
         parts = [_part_shell(flair.Span if kind == _SPAN else flair.Relation, sentence) for kind, _, _ in specs]
@@ -811,9 +829,10 @@ class _Decoder:
             for name, value in self.extras[key].items():
                 setattr(target, name, value)
 
-    def annotate_group(self, index: int, group: Any) -> None:
-        """Give pair or triple ``index`` its labels and side-table attributes."""
-        group.annotation_layers = self._read_layers(lambda ref: group, _Stream(self, self.size + index))
+    def annotate_group(self, index: int, group: Any, stream: _Stream | None = None) -> None:
+        """Give pair or triple ``index`` its labels and side-table attributes (``stream`` as for :meth:`annotate`)."""
+        mark = self.size + index
+        group.annotation_layers = self._read_layers(lambda ref: group, stream or _Stream(self, mark, mark + 1))
         for name, value in self.extras.get(("g", index), {}).items():
             setattr(group, name, value)
 

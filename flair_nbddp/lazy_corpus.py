@@ -141,6 +141,16 @@ class LazyDataPoints(Sequence):
     def __reduce__(self) -> tuple[Callable, tuple]:
         return list, (list(self),)
 
+    def built(self) -> list:
+        """Its items that are built now (held somewhere, or kept): the only ones that can carry embeddings."""
+        members = set(self._codes.tolist())
+        found = {}
+        for table in ("s", "g"):
+            for index, point in [*self._source.kept[table].items(), *self._source.alive[table].items()]:
+                if (index if table == "s" else -1 - index) in members:
+                    found[id(point)] = point
+        return list(found.values())
+
     def __flair_nbddp_datapoints__(self) -> list:
         """Its items as a list: what :mod:`flair_nbddp.codec` encodes in its place."""
         return list(self)
@@ -184,8 +194,11 @@ class _FreshExtras(dict):
 def _holds_embeddings(point: Any) -> bool:
     if point._embeddings:
         return True
-    members = [point] if hasattr(point, "tokens") else [getattr(point, name) for name in ("first", "second", "third")
-                                                         if hasattr(point, name)]
+    if hasattr(point, "tokens"):
+        members = [point]
+    else:  # a pair or triple: its sentences, and the pair as one sentence (flair's default for pair classifiers)
+        members = [getattr(point, name, None) for name in ("first", "second", "third", "concatenated_data")]
+        members = [member for member in members if member is not None]
     for sentence in members:
         if sentence._embeddings or any(token._embeddings for token in sentence.tokens):
             return True
@@ -205,6 +218,33 @@ def keep_embedded(data_points: Any, storage_mode: str) -> None:
             source.kept[table][index] = point
 
 
+def built_points(dataset: Any) -> list | None:
+    """The built points of a dataset made of lazy lists (through ``Subset``/``ConcatDataset`` too); None for a
+    list, or a dataset holding anything else.
+
+    Example:
+        >>> from flair_nbddp import codec
+        >>> from flair_nbddp.synthetic import sentiment_corpus
+        >>> corpus = decode_lazy(codec.encode(sentiment_corpus(n_train=30, n_dev=5, n_test=5)))
+        >>> held = corpus.train[4]
+        >>> built_points(corpus.train) == [held], built_points([held])
+        (True, None)
+    """
+    if isinstance(dataset, list):
+        return None
+    lists = _lazy_lists(dataset)
+    return None if lists is None else [point for lazy in lists for point in lazy.built()]
+
+
+def _lazy_lists(dataset: Any) -> list[LazyDataPoints] | None:
+    inner = getattr(dataset, "datasets", None) or ([dataset.dataset] if hasattr(dataset, "dataset") else None)
+    if inner is not None:  # Subset, ConcatDataset: made of lazy lists if every part is
+        parts = [_lazy_lists(part) for part in inner]
+        return None if any(part is None for part in parts) else [lazy for part in parts for lazy in part]
+    lazy = [value for value in getattr(dataset, "__dict__", {}).values() if isinstance(value, LazyDataPoints)]
+    return lazy or None
+
+
 def keep_stored_embeddings() -> None:
     """Wrap flair's ``store_embeddings`` (in every flair module that imported it) with :func:`keep_embedded`.
 
@@ -218,6 +258,9 @@ def keep_stored_embeddings() -> None:
 
     @functools.wraps(original)
     def store_embeddings(data_points: Any, storage_mode: str, *args: Any, **kwargs: Any) -> None:
+        built = built_points(data_points)
+        if built is not None:  # flair would build the whole split at once, each epoch, to find no embeddings
+            data_points = built
         original(data_points, storage_mode, *args, **kwargs)
         keep_embedded(data_points, storage_mode)
 

@@ -276,6 +276,13 @@ class DdpMagics(Magics):
                 ref = pool.put(self.shell.user_ns[name])
             except ShippingError as error:
                 raise UsageError(str(error)) from None
+            if not ref.trackable:
+                ref.release()
+                raise UsageError(
+                    f"{name} ({ref.type_name}) cannot be put by name: the magic could not tell whether it changed (it "
+                    f"cannot be referenced weakly). Wrap it in a flair dataset or Corpus, or use ref = pool.put({name}) "
+                    "with launch(..., pool=pool) and pass the ref"
+                )
             if name in pool.named:
                 pool.drop(pool.named[name])
             pool.named[name] = ref

@@ -39,6 +39,7 @@ from .devices import DevicePlan, resolve_devices, visible_gpu_count
 from .errors import ConfigurationError, NotCallableError, RunActiveError
 from .pool import WorkerPool, current_pool
 from .result import RunResult
+from .shared import trackable
 from .run import DEFAULT_HANG_TIMEOUT, DEFAULT_STOP_TIMEOUT, Run, wait_for_end
 from .state import Snapshot
 
@@ -634,7 +635,7 @@ class TrainingPanel:
 
     def _corpus_for(self, pool: WorkerPool | None) -> Any:
         """The corpus as a run ships it: on a pool, the workers' copy (put now unless the one put still matches)."""
-        if pool is None:
+        if pool is None or not trackable(self.corpus):  # a list: nothing could tell whether it changed
             return self.corpus
         if self._shared is None or self._shared not in pool.refs or not self._shared.matches(self.corpus):
             self._drop_shared()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
@@ -76,8 +77,11 @@ class WorkerPool:
         self.jobs_run = 0
         self.recycled = 0
         self.notes: list[str] = []  # what the pool did on its own (recycling), newest last
-        self.refs: list[PoolRef] = []  # what put() packed and nothing released yet, oldest first
+        self._refs: weakref.WeakValueDictionary[str, PoolRef] = weakref.WeakValueDictionary()  # what put() packed
         self.named: dict[str, PoolRef] = {}  # notebook variables put with '%ddp_pool put NAME'
+        self._unlink_later: list[Path] = []  # files of refs dropped since the last job started or ended
+        self._unlink_after_job: list[Path] = []  # files dropped before the current job started, which it may still
+        # read (a ref dropped while the job was packed): all of these go when the job ends
         self._group: WorkerGroup | None = None
         self._needs_recycle: str | None = None
         self._lock = threading.Lock()
@@ -116,6 +120,8 @@ class WorkerPool:
             if self._group is None:
                 self._group = WorkerGroup(self.plan, self.home).start()
             job = dataclasses.replace(job, shared=tuple(ref.id for ref in self.refs))  # the copies to keep
+            self._unlink_after_job += self._unlink_later  # dropped before this job, which may still read them
+            self._unlink_later.clear()  # the same list: the finalizers of put() append to it
             try:
                 self._group.submit(job)
             except BaseException:  # some ranks may hold the job: these workers cannot take another
@@ -127,11 +133,20 @@ class WorkerPool:
 
     def release(self, clean: bool, reason: str) -> None:
         """A job ended; an unclean end (failed, stopped) recycles the workers before the next job."""
-        if not clean:
-            with self._lock:
+        with self._lock:
+            if not clean:
                 self._needs_recycle = f"the last job {reason}"
                 if self._group is not None:
                     self._group.terminate()
+            # the job is over, and the next cannot start before this returns: no job can read these any more
+            self._unlink([*self._unlink_after_job, *self._unlink_later])
+            self._unlink_after_job = []
+            self._unlink_later.clear()
+
+    @staticmethod
+    def _unlink(paths: list[Path]) -> None:
+        for path in paths:
+            path.unlink(missing_ok=True)
 
     def _note(self, message: str) -> None:
         self.notes.append(message)
@@ -154,9 +169,13 @@ class WorkerPool:
         its own copy from it (a corpus stays lazy: :mod:`flair_nbddp.lazy_corpus`). The ref is a snapshot:
         after changing ``obj`` in the notebook, put it again.
 
+        A ref the notebook no longer holds is dropped as if released (``pool.put(corpus)`` run again makes a new
+        copy; the old one goes).
+
         Raises:
-            PoolClosedError: the pool was closed.
+            PoolClosedError: the pool was closed (also while ``obj`` was being packed).
             ShippingError: ``obj`` cannot be pickled (the message names the part).
+            PayloadWriteError: the packed object cannot be written (e.g. the disk is full).
 
         Example:
             >>> from flair_nbddp.synthetic import sentiment_corpus
@@ -173,17 +192,29 @@ class WorkerPool:
             raise PoolClosedError("this WorkerPool is closed: start a new one (WorkerPool(...) or %ddp_pool start)")
         ref = PoolRef.put(self, self.run_dir / "shared", obj)
         with self._lock:
-            self.refs.append(ref)
+            if self._closed:  # closed while packing
+                ref.released = True
+                ref.path.unlink(missing_ok=True)
+                raise PoolClosedError("this WorkerPool was closed while the object was packed: start a new one")
+            self._refs[ref.id] = ref
+            weakref.finalize(ref, self._unlink_later.append, ref.path)  # dropped by the notebook: as if released
         return ref
 
     def drop(self, ref: PoolRef) -> None:
-        """Drop what ``ref`` holds (the same as ``ref.release()``): the workers let it go before their next job."""
+        """Drop what ``ref`` holds (the same as ``ref.release()``): the workers let it go before their next job,
+        and its file goes once the job started before it is over."""
         with self._lock:
-            if ref in self.refs:
-                self.refs.remove(ref)
+            self._refs.pop(ref.id, None)
             for name in [name for name, held in self.named.items() if held is ref]:
                 del self.named[name]
-        ref.discard()
+            if not ref.released:
+                ref.released = True
+                self._unlink_later.append(ref.path)
+
+    @property
+    def refs(self) -> list[PoolRef]:
+        """The objects put on the pool and not dropped, oldest first."""
+        return list(self._refs.values())
 
     @property
     def started(self) -> bool:
@@ -221,9 +252,13 @@ class WorkerPool:
             if self._group is not None:
                 self._group.close()
                 self._group = None
-            refs, self.refs, self.named = self.refs, [], {}
-        for ref in refs:
-            ref.discard()
+            for ref in self.refs:
+                ref.released = True
+                self._unlink_later.append(ref.path)
+            self._unlink([*self._unlink_later, *self._unlink_after_job])
+            self._unlink_later.clear()
+            self._unlink_after_job = []
+            self._refs, self.named = weakref.WeakValueDictionary(), {}
         if _CURRENT is self:
             _CURRENT = None
 

@@ -145,6 +145,7 @@ class Run:
         self._supervisor: Supervisor | None = None
         self._result: RunResult | None = None
         self._released = False
+        self._acquiring = False
         self._finishing = threading.Lock()
 
     @property
@@ -174,8 +175,10 @@ class Run:
         Raises:
             RunStateError: the run was started before.
             RunActiveError: another run of this process is still active (runs share the devices).
-            ShippingError: ``fn`` or an argument cannot be pickled (nothing was started).
-            PayloadWriteError: the payload cannot be written, e.g. the disk is full (nothing was started).
+            ShippingError: ``fn`` or an argument cannot be pickled (nothing runs: workers started for the run while
+                a corpus was packed are ended at once).
+            PayloadWriteError: the payload cannot be written, e.g. the disk is full (nothing runs, as above).
+            PoolRefError: an argument is a released :class:`~flair_nbddp.PoolRef` (nothing runs, as above).
             PoolClosedError: the source is a closed pool.
         """
         with _STARTING:  # one check-and-register at a time: two threads cannot both see "nothing active"
@@ -199,15 +202,16 @@ class Run:
             output = RankOutput(self.dir, self.plan.world_size, self.output_mode)
             self.log_starts = output.log_starts
             fn, args, kwargs = self._call
-            preload = preload_for(args, kwargs)
-            if preload:  # a corpus takes seconds to pack: new workers start and import meanwhile
-                self.source.prepare(self.dir, preload)
+            preload, prepare = preload_for(args, kwargs), getattr(self.source, "prepare", None)
+            if preload and prepare is not None:  # a corpus takes seconds to pack: new workers start meanwhile
+                prepare(self.dir, preload)
             payload.write_payload(self.dir.payload, fn, args, kwargs)
             self._call = None
             job = Job(
                 str(self.dir.payload), str(self.dir.result), self.seed, str(self.run_dir), self.distributed_eval,
                 self.lazy_corpus,
             )
+            self._acquiring = True  # from here on the ranks may hold the job, even if acquire() never returns
             self.group = self.source.acquire(job)  # all or nothing: a source that raises has cleaned up
             self._supervisor = Supervisor(self.group, self.state, self.limits, self.dir, output)
             _RUNS.append(self)
@@ -219,9 +223,8 @@ class Run:
                 self._supervisor = None
                 if self.group is not None:
                     self.group.terminate()
-                    self.source.release(clean=False, reason="failed to start")
-                else:  # the job never reached the ranks: those started for it go, a pool's stay
-                    self.source.release(clean=True, reason="failed to start")
+                # the job never reached the ranks: only those started for it go (a pool keeps its workers)
+                self.source.release(clean=not self._acquiring, reason="failed to start")
                 self.state.end("failed")
                 self.dir.remove_job_files()
             raise

@@ -12,6 +12,9 @@ have. Put it again for the new content (and release the old ref). :meth:`PoolRef
 object is still the one put and its splits are the same ones (what ``%%ddp_train`` and the panel check
 before they use a ref in place of a notebook corpus); it cannot see changes inside the sentences.
 
+A ref that is released, or that the notebook no longer holds, is dropped: its file goes once the job that was
+started before is over (that job may still read it), and the workers let its bytes go before their next job.
+
 Example::
 
     ref = pool.put(corpus)                        # packed once
@@ -48,6 +51,17 @@ def _shape(obj: Any) -> tuple | None:
         return None
 
 
+def trackable(obj: Any) -> bool:
+    """Whether :meth:`PoolRef.matches` can recognise ``obj`` later: it (and a corpus's splits) can be held weakly.
+
+    Example:
+        >>> from flair_nbddp.synthetic import sentiment_corpus
+        >>> trackable(sentiment_corpus(4, 1, 1)), trackable([1, 2])
+        (True, False)
+    """
+    return _shape(obj) is not None
+
+
 def _length(obj: Any) -> int | None:
     try:
         return len(obj)
@@ -59,7 +73,8 @@ class PoolRef:
     """What :meth:`flair_nbddp.WorkerPool.put` returns: a handle on an object the pool's workers keep.
 
     Pass it to a job where the object would go; the job gets the workers' copy. Attributes: ``nbytes`` (packed
-    size), ``type_name``, ``put_at`` (a ``time.time()``), ``pack_seconds``, ``released``.
+    size), ``type_name``, ``put_at`` (a ``time.time()``), ``pack_seconds``, ``released``, ``trackable`` (whether
+    :meth:`matches` can tell the object apart: False for objects that cannot be held weakly, such as lists).
 
     Example::
 
@@ -85,8 +100,17 @@ class PoolRef:
         directory.mkdir(mode=0o700, exist_ok=True)
         path = directory / f"{uuid.uuid4().hex}.pkl"
         began = time.perf_counter()
-        nbytes, digest = payload.write_object(path, obj, f"the {type(obj).__name__} given to put()")
+        try:
+            nbytes, digest = payload.write_object(path, obj, f"the {type(obj).__name__} given to put()")
+        except BaseException:  # a full disk, an interrupt: no half-written file stays behind
+            path.unlink(missing_ok=True)
+            raise
         return cls(pool, path, obj, nbytes, digest, time.perf_counter() - began)
+
+    @property
+    def trackable(self) -> bool:
+        """Whether :meth:`matches` can recognise the object (see :func:`trackable`)."""
+        return self._shape is not None
 
     def matches(self, obj: Any) -> bool:
         """Whether ``obj`` is the object put, with the same splits of the same lengths (a corpus downsampled or
@@ -100,17 +124,14 @@ class PoolRef:
         )
 
     def release(self) -> None:
-        """Drop the object: its file goes now, the workers' copies before their next job. Idempotent."""
+        """Drop the object: the workers let their copies go before their next job, and its file goes once the
+        job started before is over. Idempotent."""
         pool = self._pool()
         if pool is not None:
             pool.drop(self)
-        else:
-            self.discard()
-
-    def discard(self) -> None:
-        """Mark the ref released and delete its file (the pool calls this)."""
-        self.released = True
-        self.path.unlink(missing_ok=True)
+        else:  # the pool is gone, and its workers with it
+            self.released = True
+            self.path.unlink(missing_ok=True)
 
     def __reduce__(self) -> tuple[Callable, tuple]:
         if self.released:

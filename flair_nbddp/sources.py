@@ -53,13 +53,14 @@ class RankGroup(Protocol):
 
 @runtime_checkable
 class WorkerSource(Protocol):
-    """Gives a run a group of ranks for one job, and takes it back."""
+    """Gives a run a group of ranks for one job, and takes it back.
+
+    A source may also have ``prepare(run_dir, preload)``: a run whose call takes a while to pack (it ships a flair
+    corpus) calls it first, so that the source can start workers meanwhile and have them import ``preload``
+    (:class:`ColdWorkers` and :class:`~flair_nbddp.WorkerPool` do). A source without it is asked for ranks
+    once the call is packed."""
 
     plan: DevicePlan
-
-    def prepare(self, run_dir: RunDir, preload: tuple[str, ...]) -> None:
-        """Get ranks ready for the next job while the run packs it (in ``run_dir``); their workers may import
-        ``preload`` meanwhile. A source with warm ranks has nothing to do."""
 
     def acquire(self, job: Job) -> RankGroup:
         """Hand ``job`` to a group of ``plan.world_size`` ranks and return that group; all or nothing (a source
@@ -81,21 +82,27 @@ class ColdWorkers:
         self.plan = plan
         self._group: WorkerGroup | None = None
 
+        self._handed = False  # whether the group got its job
+
     def prepare(self, run_dir: RunDir, preload: tuple[str, ...]) -> None:
-        self._group = WorkerGroup(self.plan, run_dir).start(preload)
+        """Start the workers now, importing ``preload``, while the run packs its call."""
+        self._group = WorkerGroup(self.plan, run_dir)  # held before it starts: release() ends what started
+        self._group.start(preload)
 
     def acquire(self, job: Job) -> WorkerGroup:
-        group = self._group or WorkerGroup(self.plan, RunDir.create(job.run_dir)).start()
-        self._group = None
+        if self._group is None:
+            self._group = WorkerGroup(self.plan, RunDir.create(job.run_dir))
+            self._group.start()
         try:
-            group.submit(job)
-            group.send_all(EXIT)
+            self._group.submit(job)
+            self._handed = True
+            self._group.send_all(EXIT)
         except BaseException:  # all or nothing: no worker outlives a failed acquire
-            group.close(grace=0.0)
+            self._group.close(grace=0.0)
             raise
-        self._group = group
-        return group
+        return self._group
 
     def release(self, clean: bool, reason: str) -> None:
         if self._group is not None:
-            self._group.close()
+            # workers that never got a job are busy importing: they are ended, not asked to leave
+            self._group.close() if self._handed else self._group.close(grace=0.0)

@@ -441,11 +441,11 @@ def main() -> None:
     vitals = _Vitals()
     _start_heartbeat(sender, spec.rank, vitals)
     sys.path[:0] = [entry for entry in spec.sys_path if entry not in sys.path]  # notebook-local modules import
-    _preload(spec.preload)
     try:
         # private like every file of the run; stays open for faulthandler until exit
         stacks = os.fdopen(os.open(spec.stacks, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+        _preload(spec.preload)
         job = jobs.get()
         while job is not None:
             vitals.idle = False

@@ -115,3 +115,25 @@ def test_the_magic_uses_a_put_corpus_until_it_changes_and_says_which_it_used(cap
     finally:
         shell.run_line_magic("ddp_pool", "stop")
         InteractiveShell.clear_instance()
+
+
+def test_a_ref_released_while_its_job_starts_still_serves_that_job(tmp_path):
+    from flair_nbddp import start
+
+    corpus = sentiment_corpus(n_train=30, n_dev=3, n_test=3, seed=9)
+    with WorkerPool(2, "cpu", run_dir=tmp_path / "pool") as pool:
+        ref = pool.put(corpus)
+        run = start(read_and_change, (ref,), pool=pool)
+        ref.release()  # the job was handed the ref before: it may still be reading it
+        assert run.wait(timeout=120).value["size"] == 30
+        assert not ref.path.exists()  # gone once that job was over
+
+
+def test_a_corpus_that_cannot_be_packed_leaves_no_worker_behind():
+    import threading
+
+    from flair_nbddp import ShippingError
+
+    corpus = sentiment_corpus(n_train=30, n_dev=3, n_test=3, seed=9)
+    with pytest.raises(ShippingError, match="lock"):  # new workers started while it was packed: they are ended
+        launch(read_and_change, (corpus, threading.Lock()), dashboard=False)

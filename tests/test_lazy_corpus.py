@@ -116,6 +116,42 @@ def test_what_flair_stores_embeddings_on_is_kept_and_nothing_else(lazy):
     assert dropped_ref() is None
 
 
+def test_storing_a_lazy_split_touches_only_what_is_built(monkeypatch, lazy):
+    """flair's trainer stores embeddings of the whole dev split after each evaluation; on a lazy split that must
+    not build every sentence at once."""
+    import flair.training_utils
+
+    from flair_nbddp import lazy_corpus
+
+    original = flair.training_utils.store_embeddings
+    seen = []
+    monkeypatch.setattr(flair.training_utils, "store_embeddings", lambda points, mode, *a, **k: seen.append(points))
+    keep_stored_embeddings()
+    wrapper = flair.training_utils.store_embeddings
+    held = lazy.dev[3]
+    before = len(lazy_corpus._ORIGINS)
+    wrapper(Subset(lazy.dev, range(10)), "cpu")
+    assert seen == [[held]] and len(lazy_corpus._ORIGINS) == before  # nothing else was built
+    wrapper([held], "cpu")
+    assert seen[-1] == [held]
+    monkeypatch.setattr(flair.training_utils, "store_embeddings", original)
+
+
+def test_a_pair_with_embeddings_on_its_concatenation_is_kept():
+    from flair.data import DataPair
+
+    pairs = [DataPair(Sentence(f"first {i}"), Sentence(f"second {i}")) for i in range(4)]
+    lazy = decode_lazy(codec.encode(FlairDatapointDataset(pairs)))
+    pair = lazy[1]
+    pair.concatenated_data = Sentence("first 1 [SEP] second 1")
+    pair.concatenated_data.set_embedding("document", torch.ones(2))
+    keep_embedded([pair], "cpu")
+    kept = id(pair)
+    del pair
+    gc.collect()
+    assert id(lazy[1]) == kept and lazy[1].concatenated_data is not None
+
+
 def test_flair_store_embeddings_is_watched_in_every_module_that_imported_it(monkeypatch, lazy):
     import flair.training_utils
 
@@ -208,10 +244,21 @@ def test_matches_sees_a_new_object_and_new_splits_not_changes_inside(pool):
 def test_a_released_ref_is_refused_with_what_to_do(pool, sentiment, tmp_path):
     ref = pool.put(sentiment)
     ref.release()
-    assert ref.released and not ref.path.exists() and ref not in pool.refs
+    assert ref.released and ref not in pool.refs
+    assert ref.path.exists()  # a job started before may still read it: it goes once that job is over
     with pytest.raises(PoolRefError, match="was released .* Put the object on the pool again"):
         payload.write_payload(tmp_path / "p.pkl", len, (ref,), {})
     ref.release()  # idempotent
+    pool.release(clean=True, reason="finished")  # a job ended (the one that may have read it): it goes
+    assert not ref.path.exists()
+
+
+def test_a_ref_the_notebook_no_longer_holds_is_dropped(pool, sentiment):
+    path = pool.put(sentiment).path  # e.g. `ref = pool.put(corpus)` run again: the first ref is garbage
+    gc.collect()
+    assert pool.refs == [] and path.exists()
+    pool.close()
+    assert not path.exists() and list((pool.run_dir / "shared").iterdir()) == []
 
 
 def test_closing_the_pool_releases_its_refs(tmp_path, sentiment):
