@@ -41,6 +41,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Callable
 
 import numpy as np
+from torch.utils.data import Dataset
 
 from .codec import _Decoder
 
@@ -218,6 +219,20 @@ def keep_embedded(data_points: Any, storage_mode: str) -> None:
             source.kept[table][index] = point
 
 
+class _BuiltPoints(Dataset):
+    """The built points of a lazy split, as a dataset: flair iterates it as it would the split, with the same
+    draw from torch's random generator (a DataLoader takes one as it starts), so training stays identical."""
+
+    def __init__(self, points: list) -> None:
+        self.points = points
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.points[index]
+
+
 def built_points(dataset: Any) -> list | None:
     """The built points of a dataset made of lazy lists (through ``Subset``/``ConcatDataset`` too); None for a
     list, or a dataset holding anything else.
@@ -259,10 +274,11 @@ def keep_stored_embeddings() -> None:
     @functools.wraps(original)
     def store_embeddings(data_points: Any, storage_mode: str, *args: Any, **kwargs: Any) -> None:
         built = built_points(data_points)
-        if built is not None:  # flair would build the whole split at once, each epoch, to find no embeddings
-            data_points = built
-        original(data_points, storage_mode, *args, **kwargs)
-        keep_embedded(data_points, storage_mode)
+        if built is None:
+            original(data_points, storage_mode, *args, **kwargs)
+        else:  # flair would build the whole split at once, each epoch, to find no embeddings on what it built
+            original(_BuiltPoints(built), storage_mode, *args, **kwargs)
+        keep_embedded(data_points if built is None else built, storage_mode)
 
     for module in list(sys.modules.values()):
         if getattr(module, "__name__", "").partition(".")[0] == "flair" and vars(module).get("store_embeddings") is original:
