@@ -27,6 +27,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 
 def peak_memory(corpus) -> int:
@@ -119,28 +120,37 @@ def first_batch(device, processes, sizes: tuple[int, int], model: str, workdir: 
     return figures
 
 
-def throughput(device, processes, docs: int, batches: int, repeats: int, model: str, workdir: Path) -> dict:
+def interleaved_throughput(
+    device, processes, docs: int, batches: int, repeats: int, model: str, workdir: Path,
+    variants: dict[str, Callable[[], dict]], ratio: str,
+) -> dict:  # fmt: skip
+    """samples/s of the same fine-tuning job on one warm pool (the corpus put once), each of the two variants in
+    turn for ``repeats`` rounds after a warm-up job; ``variants`` maps a name to a function called just before its
+    job, which returns that job's launch options. Figures: each variant's rates, and ``ratio``, the first's median
+    over the second's."""
     from flair_nbddp import WorkerPool
 
     corpus = build(docs)
     labels = corpus.make_label_dictionary("sentiment", add_unk=False)
-    rates: dict[bool, list[float]] = {True: [], False: []}
+    rates: dict[str, list[float]] = {name: [] for name in variants}
     with WorkerPool(processes, device) as pool:
         ref = pool.put(corpus)
         args = (ref, model, labels, str(workdir / "throughput"))
         job = dict(kwargs={"batches": batches, "batch_size": 16}, dashboard=False)
         pool.launch(train_briefly, args, **{**job, "kwargs": {"batches": 2, "batch_size": 16}})  # warm up
         for _ in range(repeats):
-            for lazy in (True, False):
-                rates[lazy].append(pool.launch(train_briefly, args, lazy_corpus=lazy, **job).samples_per_second)
-    lazy, built = statistics.median(rates[True]), statistics.median(rates[False])
-    return {
-        "lazy_samples_per_s": rates[True],
-        "built_samples_per_s": rates[False],
-        "lazy_vs_built_throughput": lazy / built,
-        "throughput_docs": docs,
-        "throughput_batches": batches,
-    }
+            for name, prepare in variants.items():
+                rates[name].append(pool.launch(train_briefly, args, **job, **prepare()).samples_per_second)
+    first, second = (statistics.median(runs) for runs in rates.values())
+    figures = {f"{name}_samples_per_s": runs for name, runs in rates.items()}
+    return {**figures, ratio: first / second, "throughput_docs": docs, "throughput_batches": batches}
+
+
+def throughput(device, processes, docs: int, batches: int, repeats: int, model: str, workdir: Path) -> dict:
+    variants = {"lazy": lambda: {"lazy_corpus": True}, "built": lambda: {"lazy_corpus": False}}
+    return interleaved_throughput(
+        device, processes, docs, batches, repeats, model, workdir, variants, "lazy_vs_built_throughput"
+    )
 
 
 def main() -> None:

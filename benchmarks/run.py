@@ -19,6 +19,9 @@ collects them, prints a table and writes every figure with the machine, versions
 * ``chatty_rank_throughput_ratio``: samples/s while rank 1 writes 1,000 stderr lines a second / quiet (>= 0.95);
 * ``lazy_growth_mb_per_1000_docs`` (<= 10), ``cold_first_batch_ratio`` and ``warm_first_batch_ratio`` (50,000
   documents / 1,000, <= 1.3), ``lazy_vs_built_throughput`` (>= 0.97): big corpora, ``big_corpus.py``;
+* ``ledger_throughput_ratio``: samples/s with every run recorded in the run ledger / with ``FLAIR_NBDDP_LEDGER=0``
+  (>= 0.98), and ``ledger_100k_rows_s``, seconds to write 100,000 metric rows as the recorder does (< 1):
+  ``ledger_cost.py``;
 * ``eval_speedup``: one dev evaluation with the whole split on every rank / with each rank's share (>= 1.6 on
   2 ranks); on the GPU also ``world_size_1_ratio``, the same on one process, where nothing is shared (no
   slower: >= 0.98, the noise of these timings).
@@ -59,6 +62,8 @@ TARGETS = {
     "warm_first_batch_ratio": ("<=", 1.3),
     "lazy_vs_built_throughput": (">=", 0.97),
     "world_size_1_ratio": (">=", 0.98),  # "no slower": 1.0 within the 2 % these timings vary by
+    "ledger_throughput_ratio": (">=", 0.98),
+    "ledger_100k_rows_s": ("<=", 1.0),
 }
 
 
@@ -137,7 +142,7 @@ def versions() -> dict:
     }
 
 
-PARTS = ("throughput", "dashboard", "shipping", "first_batch", "warm_start", "eval", "chatty", "big_corpus")
+PARTS = ("throughput", "dashboard", "shipping", "first_batch", "warm_start", "eval", "chatty", "big_corpus", "ledger")
 
 
 def names_list(known: tuple[str, ...], option: str) -> Callable[[str], list[str]]:
@@ -172,6 +177,8 @@ def run_part(part: str, args: argparse.Namespace, figures: dict, save: Callable[
         figures |= script("chatty_rank", "--device", "cpu", "--size", "tiny", "--docs", "800" if args.quick else "2000")
     elif part == "big_corpus":
         figures |= script("big_corpus", "--device", args.device, "--size", size, *(["--quick"] if args.quick else []))
+    elif part == "ledger":
+        figures |= script("ledger_cost", "--device", args.device, "--size", size, *(["--quick"] if args.quick else []))
     elif part == "warm_start":
         figures["warm_start"] = script("warm_start", "--device", args.device, "--size", size,
                                        "--docs", "2000" if args.quick else "4000")

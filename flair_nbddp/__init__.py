@@ -8,7 +8,10 @@ Example::
 
 from typing import Any
 
+__version__ = "0.1.0"  # first: modules imported below read it
+
 from .api import launch, launch_distributed, start
+from .compare import compare
 from .errors import (
     ConfigurationError,
     CorpusMismatchError,
@@ -16,6 +19,9 @@ from .errors import (
     DeviceError,
     EvaluationShareError,
     FlairNbddpError,
+    LedgerError,
+    LedgerWarning,
+    MissingDependencyError,
     NotCallableError,
     PayloadWriteError,
     PoolClosedError,
@@ -30,11 +36,13 @@ from .errors import (
     UnsupportedPlatformError,
     WorkerError,
 )
+from .ledger import RunRecord, history
 from .panel import TrainingPanel
 from .pool import WorkerPool
 from .result import RunResult
 from .run import Run, runs
 from .shared import PoolRef
+from .tensorboard_export import export_tensorboard
 
 __all__ = [
     "ConfigurationError",
@@ -43,6 +51,9 @@ __all__ = [
     "DeviceError",
     "EvaluationShareError",
     "FlairNbddpError",
+    "LedgerError",
+    "LedgerWarning",
+    "MissingDependencyError",
     "NotCallableError",
     "PayloadWriteError",
     "PoolClosedError",
@@ -52,6 +63,7 @@ __all__ = [
     "RunActiveError",
     "RunError",
     "RunHangError",
+    "RunRecord",
     "RunResult",
     "RunStateError",
     "RunTimeoutError",
@@ -61,17 +73,18 @@ __all__ = [
     "UnsupportedPlatformError",
     "WorkerError",
     "WorkerPool",
+    "compare",
+    "export_tensorboard",
+    "history",
     "launch",
     "launch_distributed",
     "load_ipython_extension",
     "runs",
     "start",
 ]
-__version__ = "0.1.0"
-
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext flair_nbddp``: registers ``%%ddp_train``, ``%ddp_pool`` and ``%ddp_info``."""
+    """``%load_ext flair_nbddp``: registers ``%%ddp_train``, ``%ddp_pool``, ``%ddp_info`` and ``%ddp_runs``."""
     from .magic import DdpMagics
 
     ipython.register_magics(DdpMagics)

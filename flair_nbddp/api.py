@@ -1,8 +1,9 @@
 """The user-facing way to run: :func:`launch`, :func:`launch_distributed` and :func:`start`.
 
 Every run of the kit starts here, whoever asks (a cell, ``%%ddp_train``, the panel, a pool's ``launch``):
-the devices or the pool are checked, a :class:`~flair_nbddp.Run` is built on its worker source, and
-:func:`launch` shows it in the view that fits (picked before any worker starts) while it waits.
+the devices or the pool are checked, a :class:`~flair_nbddp.Run` is built on its worker source (and recorded
+in the run ledger), and :func:`launch` shows it in the view that fits (picked before any worker starts) while it
+waits.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Callable
 from .dashboard import open_view
 from .devices import resolve_devices
 from .errors import DeviceError
+from .provenance import Provenance
 from .result import RunResult
 from .run import DEFAULT_HANG_TIMEOUT, DEFAULT_STOP_TIMEOUT, Run
 from .sources import ColdWorkers, WorkerSource
@@ -25,7 +27,7 @@ def _build(
 ) -> Run:  # fmt: skip
     """A run, not started yet, on ``pool`` (checked against ``processes``/``device``/``gpus``) or on cold
     workers; ``run_options`` are :class:`Run`'s (seed, timeout, stop_timeout, hang_timeout, run_dir,
-    distributed_eval, lazy_corpus, output)."""
+    distributed_eval, lazy_corpus, output, provenance)."""
     if pool is None:
         source: WorkerSource = ColdWorkers(resolve_devices(device, processes, gpus))
     else:
@@ -56,6 +58,7 @@ def start(
     distributed_eval: bool = True,
     lazy_corpus: bool = True,
     output: str = "rank0",
+    provenance: Provenance | None = None,
 ) -> Run:
     """Start ``fn(*args, **kwargs)`` on every device and return the running :class:`~flair_nbddp.Run` at once.
 
@@ -73,7 +76,7 @@ def start(
     return _build(
         fn, args, kwargs, processes, device, gpus, pool, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
         hang_timeout=hang_timeout, run_dir=run_dir, distributed_eval=distributed_eval, lazy_corpus=lazy_corpus,
-        output=output,
+        output=output, provenance=provenance or Provenance("start"),
     ).start()  # fmt: skip
 
 
@@ -95,6 +98,7 @@ def launch(
     distributed_eval: bool = True,
     lazy_corpus: bool = True,
     output: str = "rank0",
+    provenance: Provenance | None = None,
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on one process per device and return a :class:`RunResult`.
 
@@ -140,6 +144,10 @@ def launch(
             worker, and each sentence is built when flair reads it (:mod:`flair_nbddp.lazy_corpus`): worker
             memory and start-up do not grow with the corpus. A change the function makes to a sentence lasts
             while it holds that sentence. False: every sentence is built before ``fn`` starts, as in the notebook.
+        provenance: what the run ledger records of how the run was asked for
+            (:class:`~flair_nbddp.provenance.Provenance`: the magic and the panel describe theirs); default a call
+            of ``fn`` with its ``args`` and ``kwargs``. Every run is recorded (:func:`flair_nbddp.history`) unless
+            ``$FLAIR_NBDDP_LEDGER`` is ``0``.
 
     Raises:
         WorkerError: a rank failed (``.rank``, the remote traceback, ``.result`` with the logs).
@@ -162,7 +170,7 @@ def launch(
     run = _build(
         fn, args, kwargs, processes, device, gpus, pool, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
         hang_timeout=hang_timeout, run_dir=run_dir, distributed_eval=distributed_eval, lazy_corpus=lazy_corpus,
-        output=output,
+        output=output, provenance=provenance or Provenance("launch"),
     )  # fmt: skip
     view = open_view(run, dashboard)  # before any worker starts: an impossible view must not cost a start
     shown = False  # a run that never started has nothing to show

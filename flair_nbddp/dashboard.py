@@ -39,6 +39,7 @@ STATUS_COLORS = {
     "finished": "#16a34a",
     "stopped": "#d97706",
     "failed": "#dc2626",
+    "lost": "#7c3aed",  # in the run ledger: its kernel died while it ran
 }
 BAR_STYLES = {"finished": "success", "stopped": "warning", "failed": "danger"}
 LOSS_METRICS = ("train/batch_loss", "train/loss")

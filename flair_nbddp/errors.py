@@ -62,6 +62,10 @@ class PayloadWriteError(FlairNbddpError, OSError):
     """The run's payload could not be written (e.g. the disk is full); nothing was started."""
 
 
+class MissingDependencyError(FlairNbddpError, ImportError):
+    """An optional package a feature needs is not installed; the message names the extra to install."""
+
+
 class UnsupportedPlatformError(FlairNbddpError, RuntimeError):
     """The workers need POSIX (process groups, ``SIGUSR1``, inherited descriptors): Windows is refused at launch."""
 
@@ -85,6 +89,19 @@ class StillRunningError(FlairNbddpError, TimeoutError):
 
 class PoolClosedError(FlairNbddpError, RuntimeError):
     """The :class:`~flair_nbddp.WorkerPool` was closed; start a new one."""
+
+
+# -- the run ledger -------------------------------------------------------------------------------
+class LedgerError(FlairNbddpError, RuntimeError):
+    """The run ledger (``runs.sqlite``) cannot be read or written; the message names the file, the cause and
+    the way out. Reading it (:func:`flair_nbddp.history`) raises this; a run only warns (:class:`LedgerWarning`).
+    ``busy``: another process kept the file locked (trying again later may work)."""
+
+    busy = False
+
+
+class LedgerWarning(FlairNbddpError, UserWarning):
+    """A run could not be recorded in the ledger (an unwritable or damaged file): it goes on, unrecorded."""
 
 
 # -- inside the workers ---------------------------------------------------------------------------

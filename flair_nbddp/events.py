@@ -118,6 +118,13 @@ class Stopped(Event):
 
 
 @dataclass(frozen=True)
+class ModelsSaved(Event):
+    """flair's training ended on rank 0 and left these model files (absolute paths): final, best, stopped."""
+
+    paths: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ResultReady(Event):
     """Rank 0 wrote the function's return value to ``path``."""
 

@@ -32,7 +32,7 @@ from flair.trainers.plugins.metric_records import MetricRecord
 
 from .counters import TrainingCounters
 from .errors import MissingMultiGpuError
-from .events import STOP_REQUESTED, EventSender, Metric, Progress, Stopped
+from .events import STOP_REQUESTED, EventSender, Metric, ModelsSaved, Progress, Stopped
 
 SAVED_MODELS: list[Path] = []  # model files flair wrote during the current job, newest last
 
@@ -173,6 +173,8 @@ class StreamingPlugin(TrainerPlugin):
             path = self._base_path / name
             if path.exists() and path not in SAVED_MODELS:
                 SAVED_MODELS.append(path)
+        if self._rank == 0 and SAVED_MODELS:
+            self._sender.send(ModelsSaved(0, tuple(str(path.resolve()) for path in SAVED_MODELS)))
 
     @TrainerPlugin.hook
     def metric_recorded(self, record: MetricRecord) -> None:

@@ -1,5 +1,5 @@
 """IPython magics: ``%%ddp_train`` runs a cell on every device, ``%ddp_pool`` keeps warm workers for it (and
-corpora in them: ``%ddp_pool put corpus``), ``%ddp_info`` shows devices and runs.
+corpora in them: ``%ddp_pool put corpus``), ``%ddp_info`` shows devices and runs, ``%ddp_runs`` the run ledger.
 
 Load them with ``%load_ext flair_nbddp``.
 
@@ -23,11 +23,14 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from .api import launch
 from .cell import execute_cell, names_to_ship
 from .devices import gpu_names, resolve_devices
-from .errors import ConfigurationError, DeviceError, ShippingError, UnsupportedPlatformError
+from .errors import ConfigurationError, DeviceError, LedgerError, ShippingError, UnsupportedPlatformError
+from .ledger import ENDED, history, ledger_path
 from .payload import describe_unpicklable
 from .pool import WorkerPool, current_pool, set_current_pool
+from .provenance import Provenance
 from .rank_output import OUTPUT_MODES
 from .run import DEFAULT_HANG_TIMEOUT, DEFAULT_STOP_TIMEOUT, runs
+from .run_table import runs_html
 from .versions import versions
 
 # A magic reports a mistake in its options or cell as IPython's own UsageError, the one exception outside the
@@ -136,7 +139,7 @@ def _unshippable(shipped: dict) -> str | None:
 
 @magics_class
 class DdpMagics(Magics):
-    """``%%ddp_train`` and ``%ddp_info``."""
+    """``%%ddp_train``, ``%ddp_pool``, ``%ddp_info`` and ``%ddp_runs``."""
 
     @no_var_expand
     @magic_arguments()
@@ -203,7 +206,11 @@ class DdpMagics(Magics):
                 distributed_eval=not options.no_distributed_eval,
                 lazy_corpus=not options.no_lazy_corpus,
                 output=options.output,
-            )
+                provenance=Provenance(
+                    "%%ddp_train", name="%%ddp_train", source=cell, params={"variables": shipped},
+                    options={"line": line.strip()},
+                ),
+            )  # fmt: skip
         except ShippingError as error:
             raise UsageError(_unshippable(shipped) or str(error)) from None
         except (ConfigurationError, UnsupportedPlatformError) as error:  # impossible devices, not the pool's...
@@ -291,6 +298,26 @@ class DdpMagics(Magics):
                 f"is this object with the same splits; after changing it in place, '%ddp_pool put {name}' again"
             )
 
+    @magic_arguments()
+    @argument("--limit", type=int, default=20, metavar="N", help="the N newest runs (default 20; 0: all)")
+    @argument("--status", choices=["running", *ENDED], default=None, help="only runs with this status")
+    @argument("--name", default=None, help="only runs of the function of this name ('%%%%ddp_train': the cells)")
+    @line_magic
+    def ddp_runs(self, line: str = "") -> None:
+        """The runs in the run ledger, newest first, from this kernel and earlier ones: a table of their status,
+        devices, time, parameters and scores. ``flair_nbddp.history()`` gives the same runs to code."""
+        from IPython.display import HTML, display
+
+        options = parse_argstring(self.ddp_runs, line)
+        if options.limit < 0:
+            raise UsageError(f"--limit {options.limit}: give a number of runs, or 0 for all of them")
+        try:
+            records = history(options.limit or None, options.status, options.name)
+        except LedgerError as error:
+            raise UsageError(str(error)) from None
+        which = "that match " if options.status or options.name else ""
+        display(HTML(runs_html(records, empty=f"no runs {which}recorded in {ledger_path()} yet")))
+
     @line_magic
     def ddp_info(self, line: str = "") -> None:
         """Devices, the backend and processes a run would use, versions, and this kernel's runs."""
@@ -303,13 +330,15 @@ class DdpMagics(Magics):
         lines.append("versions: " + ", ".join(f"{name} {version}" for name, version in versions().items()))
         pool = current_pool()
         lines.append(pool.status() if pool else "no warm pool (%ddp_pool start [N] starts one)")
-        history = runs()
-        lines.append(f"runs in this kernel: {len(history)}")
-        for number, run in enumerate(history, 1):
+        ledger = ledger_path()
+        lines.append(f"run ledger: {ledger} (%ddp_runs lists it)" if ledger else "run ledger: off (FLAIR_NBDDP_LEDGER=0)")
+        kernel_runs = runs()
+        lines.append(f"runs in this kernel: {len(kernel_runs)}")
+        for number, run in enumerate(kernel_runs, 1):
             snapshot = run.state.snapshot()
-            name = run.name
+            recorded = "" if run.record_id is None else f" (ledger #{run.record_id})"
             lines.append(
-                f"  {number}. {name}: {snapshot.status}, {run.plan}, "
+                f"  {number}. {run.name}{recorded}: {snapshot.status}, {run.plan}, "
                 f"{snapshot.elapsed:.1f} s, logs {run.run_dir}"
             )
         print("\n".join(lines))

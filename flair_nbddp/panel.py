@@ -15,12 +15,14 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import html
 import inspect
 import math
 import numbers
 import os
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -36,24 +38,25 @@ from .dashboard import (
     progress_text,
 )
 from .devices import DevicePlan, resolve_devices, visible_gpu_count
-from .errors import ConfigurationError, NotCallableError, RunActiveError
+from .errors import ConfigurationError, LedgerError, NotCallableError, RunActiveError
+from .ledger import Ledger, RunRecord
 from .pool import WorkerPool, current_pool
+from .provenance import Provenance
 from .result import RunResult
-from .shared import trackable
 from .run import DEFAULT_HANG_TIMEOUT, DEFAULT_STOP_TIMEOUT, Run, wait_for_end
+from .run_table import runs_html
+from .shared import trackable
 from .state import Snapshot
 
 if TYPE_CHECKING:
     import ipywidgets
 
-SCORE_METRICS = ("dev/score", "train/loss")  # read from result.final_metrics into a run's scores
 MAX_CPU_CHOICES = 8
+HISTORY_ROWS = 50  # runs of the function the table shows, newest first
 CONTROL_WIDTH = "380px"  # every form control, so that the grid's columns line up
 LOG_SLIDER_DECADES = 2  # a lone learning rate gets a slider this many decades either side
 _MUTED = "var(--jp-ui-font-color2, #6b7280)"
 _BORDER = "var(--jp-border-color2, #e0e0e0)"
-_CELL = f"padding:2px 12px 2px 0;border-bottom:1px solid {_BORDER};text-align:right;white-space:nowrap"
-_HEAD = f"{_CELL};color:{_MUTED};font-weight:600"
 _FAILED = STATUS_COLORS["failed"]
 
 
@@ -268,10 +271,12 @@ class PanelRun:
         devices: where it ran, e.g. ``"2 × cpu (gloo)"``.
         status: ``"running"`` while it runs, then ``"finished"``, ``"stopped"`` or ``"failed"``.
         elapsed: seconds from start to end (None while running).
-        scores: numbers from the value (if it is a dict, e.g. ``test_score``) and ``dev/score``,
-            ``train/loss`` from ``result.final_metrics``.
+        scores: the result's :attr:`~flair_nbddp.RunResult.scores` (the value's numbers, e.g. ``test_score``,
+            and ``dev/score``, ``train/loss``).
         result: the :class:`~flair_nbddp.RunResult` once it ended.
         error: the failure, if it failed.
+        record_id: its id in the run ledger (the table's ``#``), None when not recorded.
+        started_at: when Train was pressed (a ``time.time()``).
     """
 
     number: int
@@ -282,71 +287,15 @@ class PanelRun:
     scores: dict[str, float] = field(default_factory=dict)
     result: RunResult | None = None
     error: BaseException | None = None
+    record_id: int | None = None
+    started_at: float = field(default_factory=time.time, compare=False)
 
-
-def run_scores(result: RunResult) -> dict[str, float]:
-    """The numbers of a run worth comparing: the value's numeric entries, then flair's last dev score and loss.
-
-    A NaN is no score (a stopped run's ``test_score``: flair skipped the test evaluation) and is left out, so
-    the table shows "—" there.
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> run_scores(SimpleNamespace(value={"test_score": 0.8, "model": None}, final_metrics={"dev/score": 0.7}))
-        {'test_score': 0.8, 'dev/score': 0.7}
-        >>> run_scores(SimpleNamespace(value={"test_score": float("nan")}, final_metrics={"dev/score": 0.7}))
-        {'dev/score': 0.7}
-    """
-    value = result.value if isinstance(result.value, dict) else {}
-    scores = {str(key): float(item) for key, item in value.items() if _is_number(item) and not math.isnan(item)}
-    metrics = result.final_metrics
-    return {**scores, **{name: metrics[name] for name in SCORE_METRICS if name in metrics}}
-
-
-def format_value(value: Any) -> str:
-    """A param or score in a table cell: floats to 3 significant digits.
-
-    Example:
-        >>> format_value(0.0050118), format_value(16), format_value("adam")
-        ('0.00501', '16', 'adam')
-    """
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
-
-
-def _status_badge(status: str) -> str:
-    return f'<span style="color:{STATUS_COLORS.get(status, _MUTED)}">● {html.escape(status)}</span>'
-
-
-def history_html(records: list[PanelRun]) -> str:
-    """The panel's runs as a small table: number, params, devices, status, elapsed time, scores.
-
-    Example:
-        >>> "no runs yet" in history_html([])
-        True
-        >>> run = PanelRun(1, {"lr": 0.005}, "2 × cpu (gloo)", "finished", 30.0, {"test_score": 0.91})
-        >>> "0.005" in history_html([run]) and "0.9100" in history_html([run])
-        True
-    """
-    if not records:
-        return f'<span style="color:{_MUTED};font-size:12px">no runs yet: press Train</span>'
-    names = list(dict.fromkeys(name for record in records for name in record.params))
-    scores = list(dict.fromkeys(name for record in records for name in record.scores))
-    head = ["#", *names, "devices", "status", "elapsed", *scores]
-    rows = [
-        [
-            str(record.number),
-            *(html.escape(format_value(record.params[name])) if name in record.params else "—" for name in names),
-            html.escape(record.devices),
-            _status_badge(record.status),
-            format_duration(record.elapsed),
-            *(f"{record.scores[name]:.4f}" if name in record.scores else "—" for name in scores),
-        ]
-        for record in reversed(records)  # newest first: the run just started is where the eye is
-    ]
-    header = "".join(f'<th style="{_HEAD}">{html.escape(cell)}</th>' for cell in head)
-    body = "".join("<tr>" + "".join(f'<td style="{_CELL}">{cell}</td>' for cell in row) + "</tr>" for row in rows)
-    # an explicit line height: ipywidgets' HTML widget would give every row the height of a text box
-    return f'<table style="border-collapse:collapse;font-size:12px;line-height:1.5"><tr>{header}</tr>{body}</table>'
+    def as_record(self) -> RunRecord:
+        """This run as a row of the history table, where the run ledger has none (numbered as the panel's)."""
+        return RunRecord(
+            id=self.number, started_at=self.started_at, status=self.status, devices=self.devices,
+            elapsed=self.elapsed, params={"kwargs": self.params}, scores=self.scores,
+        )  # fmt: skip
 
 
 def panel_status_html(status: str, detail: str = "") -> str:
@@ -371,13 +320,15 @@ def error_html(problem: Problem) -> str:
 
 
 def outcome_text(record: PanelRun) -> str:
-    """What the status says after a run, e.g. ``run 2 · 35 s · model saved`` (its scores are in the table below).
+    """What the status says after a run, e.g. ``run 2 (#57) · 35 s · model saved``: the panel's number, the run
+    ledger's (the table's ``#``, where recorded); its scores are in the table below.
 
     Example:
-        >>> outcome_text(PanelRun(2, {}, "2 × cpu (gloo)", "finished", 35.0, {"test_score": 0.86}))
-        'run 2 · 35 s'
+        >>> outcome_text(PanelRun(2, {}, "2 × cpu (gloo)", "finished", 35.0, {"test_score": 0.86}, record_id=57))
+        'run 2 (#57) · 35 s'
     """
-    parts = [f"run {record.number}", format_duration(record.elapsed)]
+    recorded = "" if record.record_id is None else f" (#{record.record_id})"
+    parts = [f"run {record.number}{recorded}", format_duration(record.elapsed)]
     if record.result is not None and record.result.checkpoint is not None:
         parts.append("model saved")
     return " · ".join(parts)
@@ -510,7 +461,7 @@ class TrainingPanel:
             button.layout = widgets.Layout(width="96px", margin="0 0 0 8px")
         self.status = widgets.HTML(panel_status_html("ready"), layout=widgets.Layout(margin="0 0 0 14px"))
         self.message = widgets.HTML(layout=widgets.Layout(display="none", width="100%", margin="2px 0 6px"))
-        self.history = widgets.HTML(history_html([]), layout=widgets.Layout(width="100%", overflow="auto"))
+        self.history = widgets.HTML(self.history_html(), layout=widgets.Layout(width="100%", overflow="auto"))
         placeholder = f'<span style="color:{_MUTED};font-size:12px">the live dashboard of a run appears here</span>'
         self.dashboard_box = widgets.VBox([widgets.HTML(placeholder)], layout=widgets.Layout(margin="6px 0 0"))
         self.widget = self._layout(widgets)
@@ -598,6 +549,19 @@ class TrainingPanel:
             wait_for_end(self.run, self._done, timeout)
         return self.result
 
+    def history_html(self) -> str:
+        """The table of runs, newest first, one column per param: every panel run of this function in the run
+        ledger, those of earlier kernels too, and this panel's runs the ledger does not have (it is off, or
+        could not be written: the run said so)."""
+        ledger, records = Ledger.default(), []
+        if ledger is not None:
+            with contextlib.suppress(LedgerError):
+                records = ledger.records(HISTORY_ROWS, name=_name(self.fn), origin="panel")
+        recorded = {record.id for record in records}
+        records += [run.as_record() for run in self.runs if run.record_id is None or run.record_id not in recorded]
+        records.sort(key=lambda record: record.started_at, reverse=True)
+        return runs_html(records[:HISTORY_ROWS], list(self.controls), empty="no runs yet: press Train")
+
     def display(self) -> None:
         """Show the panel in the current cell (as does ending a cell with it)."""
         from IPython.display import display
@@ -608,7 +572,7 @@ class TrainingPanel:
         """The widget, with a text and HTML description for frontends that cannot render it (a saved notebook)."""
         bundle = self.widget._repr_mimebundle_(**kwargs)
         bundle["text/plain"] = repr(self)
-        bundle["text/html"] = f"<div><b>{html.escape(repr(self))}</b>{history_html(self.runs)}</div>"
+        bundle["text/html"] = f"<div><b>{html.escape(repr(self))}</b>{self.history_html()}</div>"
         return bundle
 
     def __repr__(self) -> str:
@@ -655,16 +619,17 @@ class TrainingPanel:
         device, processes = self.devices.value
         args = () if self.corpus is None else (self._corpus_for(pool),)
         run = start(
-            self.fn, args, {**self.fixed, **chosen}, device=device, processes=processes, pool=pool, **self.run_options
-        )
+            self.fn, args, {**self.fixed, **chosen}, device=device, processes=processes, pool=pool,
+            provenance=Provenance("panel"), **self.run_options,
+        )  # fmt: skip
         self.run, self._done = run, threading.Event()
-        record = PanelRun(len(self.runs) + 1, chosen, str(run.plan))
+        record = PanelRun(len(self.runs) + 1, chosen, str(run.plan), record_id=run.record_id)
         self.runs.append(record)
         self.dashboard = dashboard = Dashboard(run)
         self.dashboard_box.children = (dashboard.widget,)
         self._show_problem(NO_PROBLEM)
         self._lock(True)
-        self.history.value = history_html(self.runs)
+        self.history.value = self.history_html()
         self.status.value = panel_status_html("starting", f"run {record.number}")
         dashboard.follow(on_redraw=lambda snapshot: self._show_progress(record, snapshot))
         watcher = threading.Thread(
@@ -678,7 +643,7 @@ class TrainingPanel:
         try:
             result = run.wait()
             dashboard.finish(result, result.error)
-            record.status, record.elapsed, record.scores = result.status, result.elapsed, run_scores(result)
+            record.status, record.elapsed, record.scores = result.status, result.elapsed, result.scores
             record.result, record.error = result, result.error
             self.status.value = panel_status_html(result.status, outcome_text(record))
             if result.error is not None:
@@ -688,7 +653,7 @@ class TrainingPanel:
             self.status.value = panel_status_html("failed", f"run {record.number}")
             self._show_problem((f"the panel lost track of run {record.number}: {error!r}", traceback.format_exc()))
         finally:
-            self.history.value = history_html(self.runs)
+            self.history.value = self.history_html()
             self._lock(False)
             done.set()
 

@@ -15,7 +15,7 @@ The payload is written once to a file that every rank reads; it is never sent on
 Example:
     >>> import tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "payload.pkl")
-    >>> size = write_payload(path, divmod, (7, 2), {})
+    >>> packed = write_payload(path, divmod, (7, 2), {})
     >>> fn, args, kwargs = read_payload(path)
     >>> fn(*args, **kwargs)
     (3, 1)
@@ -108,26 +108,46 @@ def rebuild_corpus(data: bytes, digest: str) -> Any:
 
 
 class _Pickler(cloudpickle.Pickler):
-    """cloudpickle, with flair corpora through the codec and flair models through save/load."""
+    """cloudpickle, with flair corpora through the codec and flair models through save/load; ``digests`` maps
+    ``id(obj)`` of each corpus and model packed to the sha256 of its bytes (what the run ledger records)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.digests: dict[int, str] = {}
 
     def reducer_override(self, obj: Any) -> Any:
         if _is_flair_object(obj):
             if _is_flair_model(obj):
-                return rebuild_model, (type(obj), _model_bytes(obj))
+                data = _model_bytes(obj)
+                self.digests[id(obj)] = hashlib.sha256(data).hexdigest()
+                return rebuild_model, (type(obj), data)
             if codec.supports(obj):
                 try:
                     data = codec.encode(obj)
                 except TypeError:  # content the codec cannot keep exactly: cloudpickle ships it instead
                     return super().reducer_override(obj)
-                return rebuild_corpus, (data, hashlib.sha256(data).hexdigest())
+                digest = self.digests[id(obj)] = hashlib.sha256(data).hexdigest()
+                return rebuild_corpus, (data, digest)
         return super().reducer_override(obj)
+
+
+class Packed(NamedTuple):
+    """What :func:`write_payload` wrote: its size, and the sha256 of each corpus and model in it, by ``id()``."""
+
+    nbytes: int
+    digests: dict[int, str]
+
+
+def _pack(obj: Any) -> tuple[bytes, dict[int, str]]:
+    buffer = io.BytesIO()
+    pickler = _Pickler(buffer, protocol=5)
+    pickler.dump(obj)
+    return buffer.getvalue(), pickler.digests
 
 
 def dumps(obj: Any) -> bytes:
     """Serialise ``obj`` the way the kit ships everything (see the module docstring)."""
-    buffer = io.BytesIO()
-    _Pickler(buffer, protocol=5).dump(obj)
-    return buffer.getvalue()
+    return _pack(obj)[0]
 
 
 def _pickles(obj: Any) -> Exception | None:
@@ -269,8 +289,8 @@ def _write_private(path: str | os.PathLike, data: bytes) -> None:
         handle.write(data)
 
 
-def write_payload(path: str | os.PathLike, fn: Callable, args: tuple, kwargs: dict) -> int:
-    """Pack ``fn(*args, **kwargs)`` into ``path`` (mode 0600) and return its size in bytes.
+def write_payload(path: str | os.PathLike, fn: Callable, args: tuple, kwargs: dict) -> Packed:
+    """Pack ``fn(*args, **kwargs)`` into ``path`` (mode 0600); return its size and the digests of what it holds.
 
     Raises:
         ShippingError: naming the function or argument that cannot be pickled.
@@ -278,13 +298,13 @@ def write_payload(path: str | os.PathLike, fn: Callable, args: tuple, kwargs: di
             names the path.
     """
     try:
-        data = dumps((fn, tuple(args), dict(kwargs)))
+        data, digests = _pack((fn, tuple(args), dict(kwargs)))
     except PoolRefError:  # says what happened and what to do
         raise
     except Exception as error:  # noqa: BLE001 - re-raised with the culprit named
         raise ShippingError(_describe_failure(fn, tuple(args), dict(kwargs), error)) from error
     _write_or_explain(path, data, "the run's payload")
-    return len(data)
+    return Packed(len(data), digests)
 
 
 def _write_or_explain(path: str | os.PathLike, data: bytes, what: str) -> None:

@@ -3,11 +3,34 @@
 from __future__ import annotations
 
 import html
+import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .state import MetricPoint, RankInfo
+
+SCORE_METRICS = ("dev/score", "train/loss")
+
+
+def run_scores(value: object, final_metrics: dict[str, float]) -> dict[str, float]:
+    """What :attr:`RunResult.scores` gives: ``value``'s numeric entries (if it is a dict) that are not NaN, then
+    ``final_metrics``' ``dev/score`` and ``train/loss``.
+
+    Example:
+        >>> run_scores({"test_score": 0.8, "model": None}, {"dev/score": 0.7, "learning_rate": 0.1})
+        {'test_score': 0.8, 'dev/score': 0.7}
+        >>> run_scores({"test_score": float("nan")}, {"dev/score": 0.7})
+        {'dev/score': 0.7}
+    """
+    entries = value.items() if isinstance(value, dict) else ()
+    scores = {
+        str(key): float(item)
+        for key, item in entries
+        if isinstance(item, numbers.Real) and not isinstance(item, bool) and not math.isnan(item)
+    }
+    return {**scores, **{name: final_metrics[name] for name in SCORE_METRICS if name in final_metrics}}
 
 
 @dataclass
@@ -32,7 +55,9 @@ class RunResult:
         run_dir: the run's private directory (on a warm pool too); ``log_files`` maps rank → its full output
             during this run there; ``log_starts`` where this run's output begins in each.
         checkpoint: where the model was saved when the run was stopped (``status == "stopped"``).
+        models: every model file flair saved on rank 0 (``final-model.pt``, ``best-model.pt``...), absolute.
         error: the failure (WorkerError, RunTimeoutError, RunHangError) when ``status == "failed"``.
+        record_id: the run's id in the run ledger (:func:`flair_nbddp.history`); None when it was not recorded.
 
     Example::
 
@@ -58,6 +83,8 @@ class RunResult:
     checkpoint: Path | None = None
     error: Exception | None = None
     log_starts: dict[int, int] = field(default_factory=dict)
+    models: list[Path] = field(default_factory=list)
+    record_id: int | None = None
 
     @classmethod
     def from_run(cls, run: Any, value: Any, error: Exception | None) -> RunResult:
@@ -83,6 +110,8 @@ class RunResult:
             log_starts=run.log_starts,
             checkpoint=Path(snapshot.checkpoint) if snapshot.checkpoint else None,
             error=error,
+            models=[Path(path) for path in snapshot.models],
+            record_id=run.record_id,
         )
 
     @property
@@ -106,6 +135,13 @@ class RunResult:
     def final_metrics(self) -> dict[str, float]:
         """The last recorded value of every metric."""
         return {point.name: point.value for point in self.metrics}
+
+    @property
+    def scores(self) -> dict[str, float]:
+        """The numbers of the run worth comparing: the value's numeric entries, then flair's last ``dev/score``
+        and ``train/loss``. A NaN is no score (a stopped run's ``test_score``: flair skipped the test
+        evaluation) and is left out."""
+        return run_scores(self.value, self.final_metrics)
 
     def _summary_lines(self) -> list[str]:
         lines = [

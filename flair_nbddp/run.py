@@ -35,8 +35,11 @@ from .errors import (
     StillRunningError,
 )
 from .events import Job
-from .result import RunResult
+from .ledger import Ledger
+from .provenance import Provenance
 from .rank_output import RankOutput, check_output_mode
+from .recorder import RunRecorder
+from .result import RunResult
 from .rundir import RunDir
 from .shared import PoolRef
 from .sources import RankGroup, WorkerSource
@@ -106,6 +109,8 @@ class Run:
             :class:`~flair_nbddp.WorkerPool`, or any :class:`~flair_nbddp.sources.WorkerSource`).
         seed, timeout, stop_timeout, hang_timeout, run_dir, distributed_eval, lazy_corpus, output: as for
             :func:`flair_nbddp.launch`.
+        provenance: how the run was asked for, as the run ledger records it (:mod:`~flair_nbddp.recorder`);
+            default: a call of ``fn``.
 
     Raises:
         NotCallableError: ``fn`` is not callable.
@@ -127,10 +132,12 @@ class Run:
         distributed_eval: bool = True,
         lazy_corpus: bool = True,
         output: str = "rank0",
+        provenance: Provenance | None = None,
     ) -> None:
         if not callable(fn):
             raise NotCallableError(f"fn must be callable (a function to run on every rank), not {type(fn).__name__}")
-        self.name = getattr(fn, "__name__", type(fn).__name__)
+        provenance = provenance or Provenance()
+        self.name = provenance.name or getattr(fn, "__name__", type(fn).__name__)  # "%%ddp_train" for the magic
         self.source, self.seed = source, default_seed() if seed is None else int(seed)
         self._call: tuple | None = (fn, tuple(args), dict(kwargs or {}))  # dropped once packed: no corpus kept
         self.limits = Limits(timeout, stop_timeout, hang_timeout)
@@ -147,6 +154,12 @@ class Run:
         self._released = False
         self._acquiring = False
         self._finishing = threading.Lock()
+        self._recorder = RunRecorder(provenance, Ledger.default())
+
+    @property
+    def record_id(self) -> int | None:
+        """The run's id in the run ledger (:func:`flair_nbddp.history`); None before it starts, or unrecorded."""
+        return self._recorder.id
 
     @property
     def plan(self) -> DevicePlan:
@@ -205,7 +218,8 @@ class Run:
             preload, prepare = preload_for(args, kwargs), getattr(self.source, "prepare", None)
             if preload and prepare is not None:  # a corpus takes seconds to pack: new workers start meanwhile
                 prepare(self.dir, preload)
-            payload.write_payload(self.dir.payload, fn, args, kwargs)
+            packed = payload.write_payload(self.dir.payload, fn, args, kwargs)
+            self._recorder.begin(self, fn, args, kwargs, packed.digests)
             self._call = None
             job = Job(
                 str(self.dir.payload), str(self.dir.result), self.seed, str(self.run_dir), self.distributed_eval,
@@ -213,10 +227,10 @@ class Run:
             )
             self._acquiring = True  # from here on the ranks may hold the job, even if acquire() never returns
             self.group = self.source.acquire(job)  # all or nothing: a source that raises has cleaned up
-            self._supervisor = Supervisor(self.group, self.state, self.limits, self.dir, output)
+            self._supervisor = Supervisor(self.group, self.state, self.limits, self.dir, output, self._recorder)
             _RUNS.append(self)
             self._supervisor.start()
-        except BaseException:  # an interrupt right here must leave no worker, thread or descriptor behind
+        except BaseException as error:  # an interrupt right here must leave no worker, thread or descriptor behind
             if self._supervisor is not None and self._supervisor.started:
                 self.kill()  # ends the ranks, concludes the run and gives them back
             else:
@@ -227,6 +241,7 @@ class Run:
                 self.source.release(clean=not self._acquiring, reason="failed to start")
                 self.state.end("failed")
                 self.dir.remove_job_files()
+                self._recorder.start_failed(self, self._call, error)
             raise
 
     # -- stopping ---------------------------------------------------------------------------------
@@ -297,6 +312,10 @@ class Run:
         result = RunResult.from_run(self, value, error)
         if error is not None:
             error.result = result
+        try:
+            self._recorder.end(self, result)
+        except KeyboardInterrupt:  # the run has ended: an interrupt now cannot cost it, nor its record
+            self._recorder.end(self, result)
         return result
 
     def _release(self, clean: bool) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 
 from . import payload
 from .errors import CorpusMismatchError, PoolRefError
+from .provenance import sizes
 
 _WORKER_COPIES: dict[str, bytes] = {}  # in a worker: the bytes of each ref it has read, by ref id
 
@@ -93,6 +94,7 @@ class PoolRef:
         self.released = False
         self._pool = weakref.ref(pool)
         self._shape = _shape(obj)
+        self.sizes = sizes(obj)
 
     @classmethod
     def put(cls, pool: Any, directory: Path, obj: Any) -> PoolRef:
@@ -140,6 +142,10 @@ class PoolRef:
                 "object on the pool again (ref = pool.put(obj), or %ddp_pool put NAME) and pass the new ref"
             )
         return _worker_copy, (self.id, str(self.path), self.digest)
+
+    def __flair_nbddp_record__(self) -> dict:
+        """What the run ledger records of a run given this ref: the object put, by type, sizes and sha256."""
+        return {"type": self.type_name, **self.sizes, "sha256": self.digest, "put_on_pool": True}
 
     def describe(self) -> str:
         """``PoolRef Corpus, 24.1 MB packed in 4.6 s at 12:03:11``."""

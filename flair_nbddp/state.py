@@ -20,7 +20,9 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from .errors import ConfigurationError
-from .events import Event, Failed, Finished, Heartbeat, Metric, Progress, ResultReady, Started, Stopped
+from .events import (
+    Event, Failed, Finished, Heartbeat, Metric, ModelsSaved, Progress, ResultReady, Started, Stopped,
+)  # fmt: skip
 
 STATUSES = ("starting", "running", "finished", "stopped", "failed")
 
@@ -77,6 +79,7 @@ class Snapshot:
     failure: Failed | None
     stop_requested: bool
     checkpoint: str | None
+    models: tuple[str, ...] = ()  # the model files flair saved on rank 0 (absolute paths)
 
     @property
     def elapsed(self) -> float:
@@ -158,6 +161,7 @@ class RunState:
     failure: Failed | None = None
     stop_requested: bool = False
     checkpoint: str | None = None
+    models: tuple[str, ...] = ()
     max_log_lines: int = 20_000
     rank_tail_lines: int = 200
 
@@ -212,6 +216,8 @@ class RunState:
                 self.failure = self.failure or event
             elif isinstance(event, Stopped):
                 self.checkpoint = event.checkpoint
+            elif isinstance(event, ModelsSaved):
+                self.models = tuple(dict.fromkeys([*self.models, *event.paths]))
             elif isinstance(event, Finished):
                 self._finished_ranks.add(event.rank)
 
@@ -233,6 +239,18 @@ class RunState:
             overflow = len(self._log) - self.max_log_lines
             if overflow > 0:
                 del self._log[:overflow]
+
+    def metrics_since(self, cursor: int) -> tuple[list[MetricPoint], int]:
+        """The metric points recorded after the first ``cursor`` ones, and the cursor to pass next time.
+
+        Example:
+            >>> state = RunState(world_size=1, device_type="cpu")
+            >>> state.apply(Metric(0, "train/loss", 0.5, 1))
+            >>> [point.name for point in state.metrics_since(0)[0]], state.metrics_since(1)
+            (['train/loss'], ([], 1))
+        """
+        with self._lock:
+            return self._metrics[cursor:], len(self._metrics)
 
     def log_since(self, cursor: int) -> tuple[list[str], int]:
         """The log lines added after ``cursor`` that are still kept, and the cursor to pass next time (start at 0).
@@ -301,4 +319,5 @@ class RunState:
                 failure=self.failure,
                 stop_requested=self.stop_requested,
                 checkpoint=self.checkpoint,
+                models=self.models,
             )

@@ -18,6 +18,7 @@ from .errors import RunHangError, RunTimeoutError, WorkerError, describe_exit
 from .events import STOP, Failed
 from .group import TERMINATE_GRACE_SECONDS
 from .rank_output import RankOutput
+from .recorder import RunRecorder
 from .rundir import RunDir
 from .sources import RankGroup
 from .state import RunState, Snapshot
@@ -39,9 +40,11 @@ class Supervisor:
     """Watches ``group`` running one job, from a daemon thread, until every rank finished or is gone."""
 
     def __init__(
-        self, group: RankGroup, state: RunState, limits: Limits, run_dir: RunDir, output: RankOutput
-    ) -> None:
+        self, group: RankGroup, state: RunState, limits: Limits, run_dir: RunDir, output: RankOutput,
+        recorder: RunRecorder | None = None,
+    ) -> None:  # fmt: skip
         self.group, self.state, self.limits, self.run_dir = group, state, limits, run_dir
+        self._recorder = recorder  # the run ledger's, fed the metrics in batches
         self.done = threading.Event()
         self.ended_by: str | None = None  # "timeout", "hang" or "stop" once the supervisor ended the ranks
         self._stop_deadline: float | None = None
@@ -74,6 +77,8 @@ class Supervisor:
                     self.group.terminate()
             self._output.read(self.state)
             self._enforce_limits()
+            if self._recorder is not None:
+                self._recorder.flush(self.state)
         self._output.read(self.state, final=True)
         self.done.set()
 

@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import platform
 
@@ -25,6 +26,24 @@ def _installed(package: str) -> str:
         return "not installed"
 
 
+@functools.cache
+def package_versions() -> dict[str, str]:
+    """python, torch, flair, transformers and the kit, from the installed packages' metadata: what the run
+    ledger records (importing nothing, so a kernel that never imported torch does not start to).
+
+    Example:
+        >>> list(package_versions())
+        ['python', 'torch', 'flair', 'transformers', 'flair_nbddp']
+    """
+    return {
+        "python": platform.python_version(),
+        "torch": _installed("torch"),
+        "flair": _installed("flair"),
+        "transformers": _installed("transformers"),
+        "flair_nbddp": __version__,
+    }
+
+
 def versions() -> dict[str, str]:
     """Each component's version; ``CUDA`` and ``NCCL`` say so when torch is a CPU build.
 
@@ -37,12 +56,11 @@ def versions() -> dict[str, str]:
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
     else:
         nccl = "none (not in this torch build)"
+    found = package_versions()
     return {
-        "python": platform.python_version(),
+        "python": found["python"],
         "torch": torch.__version__,
         "CUDA": torch.version.cuda or NO_CUDA,
         "NCCL": nccl,
-        "flair": _installed("flair"),
-        "transformers": _installed("transformers"),
-        "flair_nbddp": __version__,
+        **{name: found[name] for name in ("flair", "transformers", "flair_nbddp")},
     }

@@ -8,6 +8,7 @@ fast tier, and a fast test that starts workers or a kernel fails with the marker
 
 import os
 import sys
+import tempfile
 import time
 
 import psutil
@@ -16,6 +17,9 @@ import pytest
 from flair_nbddp.group import WorkerGroup
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# the run ledger of the tests (and of the kernels and notebooks they start): never the user's own
+os.environ["FLAIR_NBDDP_HOME"] = tempfile.mkdtemp(prefix="flair_nbddp-test-home-")
+os.environ.pop("FLAIR_NBDDP_LEDGER", None)
 # Tests rehearse DDP on CPU with gloo and 2 processes, whatever the machine has.
 os.environ.setdefault("FLAIR_NBDDP_DEVICE", "cpu")
 os.environ.setdefault("FLAIR_NBDDP_PROCESSES", "2")

@@ -142,7 +142,7 @@ def test_ddp_info_lists_devices_versions_and_runs(shell, capsys):
     out = capsys.readouterr().out
     assert f"GPUs visible: {visible_gpu_count()}" in out and "a run would use: 2 × cpu (gloo)" in out
     assert "flair 0.15.1" in out
-    assert "runs in this kernel:" in out and "execute_cell: finished" in out
+    assert "runs in this kernel:" in out and "%%ddp_train (ledger #" in out and "): finished" in out
 
 
 @pytest.fixture

@@ -15,12 +15,12 @@ from flair_nbddp.panel import (
     build_form,
     check_call,
     device_choices,
-    history_html,
     nice_step,
     param_widget,
 )
 from flair_nbddp.pool import WorkerPool, set_current_pool
 from flair_nbddp.result import RunResult
+from flair_nbddp.run_table import runs_html
 from flair_nbddp.state import MetricPoint, RunState
 from jupyter_kernel import running_kernel
 
@@ -147,6 +147,7 @@ class FakeRun:
         self.plan = pool.plan if pool is not None else resolve_devices(device, processes)
         self.state = RunState(world_size=self.plan.world_size, device_type=self.plan.device_type)
         self.stopped = False
+        self.record_id = None  # not in the run ledger: the panel's table shows it from its own list
         self._ended = threading.Event()
         self._outcome = None
 
@@ -354,13 +355,14 @@ def test_with_a_warm_pool_the_panel_runs_on_it(panel, fake_runs):
 
 
 def test_history_table_unites_the_columns_of_every_run():
-    html = history_html([
-        PanelRun(1, {"lr": 0.005}, "2 × cpu (gloo)", "finished", 30.0, {"test_score": 0.91}),
-        PanelRun(2, {"lr": 0.001, "shuffle": False}, "1 × cpu (gloo)", "failed", 3.0),
-    ])  # fmt: skip
+    html = runs_html([
+        PanelRun(1, {"lr": 0.005}, "2 × cpu (gloo)", "finished", 30.0, {"test_score": 0.91}).as_record(),
+        PanelRun(2, {"lr": 0.001, "shuffle": False}, "1 × cpu (gloo)", "failed", 3.0).as_record(),
+    ], param_names=["lr", "shuffle"])  # fmt: skip
     assert html.count("<tr>") == 3 and ">shuffle<" in html and ">test_score<" in html
     assert html.count("—") == 2  # run 1 had no shuffle; run 2 no score
-    assert "&lt;b&gt;" in history_html([PanelRun(1, {"optimizer": "<b>"}, "2 × cpu (gloo)")])
+    unsafe = PanelRun(1, {"optimizer": "<b>"}, "2 × cpu (gloo)").as_record()
+    assert "&lt;b&gt;" in runs_html([unsafe], param_names=["optimizer"])
 
 
 # -- a real run of 2 CPU processes --------------------------------------------------------------------

@@ -1,0 +1,381 @@
+"""The run ledger: every run of the kit kept in one SQLite file, across kernels and restarts.
+
+The notebook's process writes it while a run goes (:mod:`~flair_nbddp.recorder`): a row when the run starts,
+its metrics in batches, its end. :func:`history` reads it back, newest first, as :class:`RunRecord` objects;
+a run whose kernel died before it ended reads as ``"lost"`` the next time the ledger is opened.
+
+Where: ``$FLAIR_NBDDP_HOME/runs.sqlite``, default ``~/.flair_nbddp/runs.sqlite`` (directory 0700, file 0600).
+``FLAIR_NBDDP_LEDGER=0`` turns recording off. Several kernels may write at once: the file is in SQLite's WAL
+mode and every write waits for a busy file, then retries. It holds what describes a run (code, parameters,
+sizes and hashes of corpora, versions, metrics), never a corpus or a model, and no environment.
+
+Example::
+
+    from flair_nbddp import history
+    history(limit=3)        # [RunRecord(#12 train: finished, 2 × cpu (gloo), 2026-12-03 19:02, 31.2 s, ...), ...]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+
+from .errors import ConfigurationError, LedgerError
+from .state import MetricPoint
+
+HOME_ENV = "FLAIR_NBDDP_HOME"
+SWITCH_ENV = "FLAIR_NBDDP_LEDGER"
+FILE_NAME = "runs.sqlite"
+SCHEMA_VERSION = 1
+BUSY_SECONDS = 10.0  # how long a write waits for another kernel's
+ATTEMPTS = 3  # a write that still finds the file busy is tried again this many times in all
+ENDED = ("finished", "stopped", "failed", "lost")
+_T = TypeVar("_T")
+
+
+def ledger_path() -> Path | None:
+    """The ledger's file, or None when ``$FLAIR_NBDDP_LEDGER`` is ``0`` (or ``off``, ``false``, ``no``).
+
+    Example:
+        >>> ledger_path().name                       # with FLAIR_NBDDP_LEDGER unset
+        'runs.sqlite'
+    """
+    if os.environ.get(SWITCH_ENV, "").strip().lower() in ("0", "off", "false", "no"):
+        return None
+    home = os.environ.get(HOME_ENV, "").strip() or Path.home() / ".flair_nbddp"
+    return Path(home).expanduser().absolute() / FILE_NAME
+
+
+def process_identity(pid: int | None = None) -> str:
+    """``"<pid>:<start time>"`` of a process (default this one): a pid reused by a later process differs."""
+    process = psutil.Process(pid)
+    return f"{process.pid}:{process.create_time():.2f}"
+
+
+def _is_alive(identity: str) -> bool:
+    pid, _, started = identity.partition(":")
+    try:
+        return abs(psutil.Process(int(pid)).create_time() - float(started)) < 1.0
+    except (psutil.Error, ValueError):
+        return False
+
+
+@dataclass
+class RunRecord:
+    """One run as the ledger keeps it (what :func:`history` returns).
+
+    Attributes:
+        id: the run's number in the ledger (``RunResult.record_id``).
+        started_at, ended_at: ``time.time()`` values (``ended_at`` None while it runs).
+        status: ``"running"``, ``"finished"``, ``"stopped"``, ``"failed"``, or ``"lost"`` (its kernel died).
+        error: the failure in a line or a few (None unless failed or lost).
+        name: the function's name (``"%%ddp_train"`` for a cell of the magic).
+        origin: ``"launch"``, ``"start"``, ``"%%ddp_train"`` or ``"panel"``; ``workers``: ``"ColdWorkers"``,
+            ``"WorkerPool"``, or another worker source's class.
+        source, source_hash: the function's source (the cell's, for the magic) and its sha256.
+        params: the call as described for the record: ``{"args": [...], "kwargs": {...}}`` (the magic:
+            ``{"variables": {...}}``); a corpus is ``{"type": "Corpus", "train": n, "dev": n, "test": n,
+            "sha256": ...}``; values named like secrets are masked.
+        options: the run's options (timeouts, ``distributed_eval``...) and the magic's line.
+        seed, world_size, device_type, backend, devices, host: where and how it ran.
+        versions: python, torch, flair, transformers and flair_nbddp.
+        final_metrics, scores: every metric's last value; the numbers worth comparing (the value's numeric entries,
+            ``dev/score``, ``train/loss``).
+        ranks: each rank's last word (pid, device, steps, samples, samples/s, memory, exit code).
+        checkpoint, models: the model saved by a stop; every model file flair saved.
+        run_dir, elapsed, samples_per_second, time_to_first_batch: as in :class:`~flair_nbddp.RunResult`.
+
+    Example::
+
+        best = max(history(name="train", status="finished"), key=lambda r: r.scores.get("dev/score", 0))
+        best.history("dev/score")       # [(1, 0.71), (2, 0.86)]
+    """
+
+    id: int | None = None
+    started_at: float = 0.0
+    ended_at: float | None = None
+    updated_at: float | None = None
+    status: str = "running"
+    error: str | None = None
+    name: str = ""
+    origin: str = "launch"
+    workers: str = ""
+    source: str | None = None
+    source_hash: str | None = None
+    params: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
+    seed: int | None = None
+    world_size: int = 0
+    device_type: str = ""
+    backend: str = ""
+    devices: str = ""
+    host: str = ""
+    owner: str = ""
+    versions: dict = field(default_factory=dict)
+    final_metrics: dict = field(default_factory=dict)
+    scores: dict = field(default_factory=dict)
+    ranks: list = field(default_factory=list)
+    checkpoint: str | None = None
+    models: list = field(default_factory=list)
+    run_dir: str | None = None
+    elapsed: float | None = None
+    samples_per_second: float | None = None
+    time_to_first_batch: float | None = None
+    ledger: Ledger | None = field(default=None, repr=False, compare=False)
+
+    def history(self, metric: str) -> list[tuple[int, float]]:
+        """``(step, value)`` pairs of one metric, e.g. ``"dev/score"``, read from the ledger.
+
+        Raises:
+            LedgerError: the ledger cannot be read any more.
+        """
+        return [(point.step, point.value) for point in self.metrics(metric)]
+
+    def metrics(self, name: str | None = None) -> list[MetricPoint]:
+        """Every recorded metric point, in order (only ``name``'s if given)."""
+        if self.ledger is None or self.id is None:
+            return []
+        return self.ledger.metrics(self.id, name)
+
+    @property
+    def kwargs(self) -> dict:
+        """The keyword arguments as recorded (empty for the magic, which records ``params["variables"]``)."""
+        return self.params.get("kwargs", {})
+
+    def __repr__(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.started_at))
+        parts = [f"#{self.id} {self.name}: {self.status}", self.devices, when]
+        if self.elapsed is not None:
+            parts.append(f"{self.elapsed:.1f} s")
+        parts += [f"{name} {value:.4f}" for name, value in self.scores.items()]
+        return "RunRecord(" + ", ".join(part for part in parts if part) + ")"
+
+
+_COLUMNS = [item.name for item in dataclasses.fields(RunRecord) if item.name not in ("id", "ledger")]
+_JSON = {"params", "options", "versions", "final_metrics", "scores", "ranks", "models"}
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY AUTOINCREMENT, {", ".join(_COLUMNS)});
+CREATE INDEX IF NOT EXISTS runs_name ON runs (name, id);
+CREATE TABLE IF NOT EXISTS metrics (run_id INTEGER NOT NULL, name TEXT NOT NULL, step INTEGER, value REAL, time REAL);
+CREATE INDEX IF NOT EXISTS metrics_run ON metrics (run_id, name);
+"""
+_PREPARED: set[Path] = set()  # ledgers this process has created or checked
+_PREPARING = threading.Lock()
+
+
+def _to_row(record: RunRecord) -> list[Any]:
+    return [json.dumps(getattr(record, name)) if name in _JSON else getattr(record, name) for name in _COLUMNS]
+
+
+class Ledger:
+    """The SQLite file of runs. Every method opens it for one transaction, so any thread may call any method.
+
+    Raises (every method):
+        LedgerError: the file cannot be created, read or written (damaged, not a database, no permission,
+            written by a newer flair_nbddp); the message names the file and the way out.
+
+    Example:
+        >>> import tempfile
+        >>> ledger = Ledger(Path(tempfile.mkdtemp()) / "runs.sqlite")
+        >>> run_id = ledger.insert(RunRecord(started_at=time.time(), name="train", owner=process_identity()))
+        >>> ledger.append_metrics(run_id, [MetricPoint("dev/score", 0.5, 1, 0.0)])
+        >>> ledger.update(run_id, status="finished", ended_at=time.time())
+        >>> [(r.name, r.status, r.history("dev/score")) for r in ledger.records()]
+        [('train', 'finished', [(1, 0.5)])]
+        >>> oct(ledger.path.stat().st_mode & 0o777)
+        '0o600'
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def default(cls) -> Ledger | None:
+        """The ledger of :func:`ledger_path`; None when recording is off."""
+        path = ledger_path()
+        return None if path is None else cls(path)
+
+    # -- writing ----------------------------------------------------------------------------------
+    def insert(self, record: RunRecord) -> int:
+        """Add a run and return its id (runs of this host whose kernel died are marked lost first)."""
+        placeholders = ", ".join("?" * len(_COLUMNS))
+
+        def write(connection: sqlite3.Connection) -> int:
+            self._mark_lost(connection)
+            cursor = connection.execute(
+                f"INSERT INTO runs ({', '.join(_COLUMNS)}) VALUES ({placeholders})", _to_row(record)
+            )
+            return int(cursor.lastrowid)
+
+        return self._transaction(write)
+
+    def append_metrics(self, run_id: int, points: list[MetricPoint], busy: float = BUSY_SECONDS) -> None:
+        """Append metric points to run ``run_id`` (and note the time, which dates a lost run's end)."""
+        rows = [(run_id, point.name, point.step, point.value, point.time) for point in points]
+
+        def write(connection: sqlite3.Connection) -> None:
+            connection.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?)", rows)
+            connection.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (time.time(), run_id))
+
+        self._transaction(write, busy)
+
+    def update(self, run_id: int, points: list[MetricPoint] = (), **fields: Any) -> None:
+        """Set fields of run ``run_id`` (e.g. its end), appending ``points`` in the same transaction."""
+        unknown = set(fields) - set(_COLUMNS)
+        if unknown:
+            raise ConfigurationError(f"not fields of a RunRecord: {', '.join(sorted(unknown))}")
+        values = [json.dumps(value) if name in _JSON else value for name, value in fields.items()]
+        rows = [(run_id, point.name, point.step, point.value, point.time) for point in points]
+
+        def write(connection: sqlite3.Connection) -> None:
+            connection.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?)", rows)
+            assignments = ", ".join(f"{name} = ?" for name in fields)
+            connection.execute(f"UPDATE runs SET {assignments} WHERE id = ?", [*values, run_id])
+
+        self._transaction(write)
+
+    # -- reading ----------------------------------------------------------------------------------
+    def records(
+        self, limit: int | None = 20, status: str | None = None, name: str | None = None, origin: str | None = None
+    ) -> list[RunRecord]:
+        """Runs, newest first, filtered by status, name and origin (runs of dead kernels marked lost first)."""
+        conditions = [(column, value) for column, value in (("status", status), ("name", name), ("origin", origin))]
+        conditions = [(column, value) for column, value in conditions if value is not None]
+        where = " AND ".join(f"{column} = ?" for column, _ in conditions) or "1"
+        values = [value for _, value in conditions] + [-1 if limit is None else int(limit)]
+
+        def read(connection: sqlite3.Connection) -> list[RunRecord]:
+            self._mark_lost(connection)
+            cursor = connection.execute(f"SELECT * FROM runs WHERE {where} ORDER BY id DESC LIMIT ?", values)
+            names = [column[0] for column in cursor.description]
+            return [self._record(dict(zip(names, row))) for row in cursor.fetchall()]
+
+        return self._transaction(read)
+
+    def metrics(self, run_id: int, name: str | None = None) -> list[MetricPoint]:
+        """Run ``run_id``'s metric points in the order they were recorded (only ``name``'s if given)."""
+        query = "SELECT name, value, step, time FROM metrics WHERE run_id = ?" + (" AND name = ?" if name else "")
+        parameters = (run_id, name) if name else (run_id,)
+        rows = self._transaction(lambda connection: connection.execute(query + " ORDER BY rowid", parameters).fetchall())
+        return [MetricPoint(*row) for row in rows]
+
+    def _record(self, row: dict[str, Any]) -> RunRecord:
+        values = {name: json.loads(value) if name in _JSON and value is not None else value for name, value in row.items()}
+        return RunRecord(**{name: value for name, value in values.items() if name in _COLUMNS or name == "id"}, ledger=self)
+
+    # -- the file ---------------------------------------------------------------------------------
+    def _mark_lost(self, connection: sqlite3.Connection) -> None:
+        """Runs of this host still "running" whose kernel process is gone ended with it: mark them lost."""
+        rows = connection.execute(
+            "SELECT id, owner FROM runs WHERE status IN ('starting', 'running') AND host = ?", (socket.gethostname(),)
+        ).fetchall()
+        for run_id, owner in rows:
+            if not _is_alive(owner or ""):
+                connection.execute(
+                    "UPDATE runs SET status = 'lost', ended_at = COALESCE(updated_at, started_at), error = ? "
+                    "WHERE id = ?",
+                    (f"lost: the process that ran it (pid {owner.partition(':')[0]}) ended before the run did", run_id),
+                )
+
+    def _transaction(self, work: Callable[[sqlite3.Connection], _T], busy: float = BUSY_SECONDS) -> _T:
+        """``work`` in one write transaction, waiting up to ``busy`` s for another writer, tried ``ATTEMPTS``
+        times while the file stays busy."""
+        self._prepare()
+        attempt = 1
+        while True:
+            try:
+                with self._connection(busy) as connection:
+                    connection.execute("BEGIN IMMEDIATE")
+                    try:
+                        value = work(connection)
+                    except BaseException:
+                        connection.execute("ROLLBACK")
+                        raise
+                    connection.execute("COMMIT")
+                    return value
+            except sqlite3.Error as error:
+                explained = self._explain(error)
+                if not explained.busy or attempt == ATTEMPTS:
+                    raise explained from error
+            attempt += 1
+
+    @contextlib.contextmanager
+    def _connection(self, busy: float) -> Iterator[sqlite3.Connection]:
+        connection = sqlite3.connect(self.path, timeout=busy, isolation_level=None)
+        try:
+            connection.execute("PRAGMA synchronous = NORMAL")  # WAL: a commit is one append, synced at checkpoints
+            yield connection
+        finally:
+            connection.close()
+
+    def _prepare(self) -> None:
+        """Create the directory (0700), the file (0600), WAL mode and the tables, once per process."""
+        with _PREPARING:
+            if self.path in _PREPARED:
+                return
+            try:
+                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+                with self._connection(BUSY_SECONDS) as connection:
+                    version = connection.execute("PRAGMA user_version").fetchone()[0]
+                    if version > SCHEMA_VERSION:
+                        raise LedgerError(
+                            f"the run ledger {self.path} was written by a newer flair_nbddp (schema {version}, this "
+                            f"one reads {SCHEMA_VERSION}): upgrade flair_nbddp, or point {HOME_ENV} at another directory"
+                        )
+                    connection.execute("PRAGMA journal_mode = WAL")
+                    connection.executescript(f"{_SCHEMA}; PRAGMA user_version = {SCHEMA_VERSION};")
+            except (sqlite3.Error, OSError) as error:
+                raise self._explain(error) from error
+            _PREPARED.add(self.path)
+
+    def _explain(self, error: Exception) -> LedgerError:
+        cause = f"{type(error).__name__}: {error}"
+        if isinstance(error, sqlite3.DatabaseError) and not isinstance(error, sqlite3.OperationalError):
+            fix = f"it is damaged or not an SQLite file. Move it aside (mv {self.path} {self.path}.bad) to start a new one"
+        elif "locked" in str(error) or "busy" in str(error):
+            fix = "another process kept it busy; the next write tries again"
+        else:
+            fix = f"check that {self.path.parent} is a directory you can write to"
+        explained = LedgerError(
+            f"the run ledger {self.path} cannot be used ({cause}): {fix}, point {HOME_ENV} at another directory, or "
+            f"set {SWITCH_ENV}=0 to record nothing"
+        )
+        explained.busy = "locked" in str(error) or "busy" in str(error)
+        return explained
+
+
+def history(limit: int | None = 20, status: str | None = None, name: str | None = None) -> list[RunRecord]:
+    """The runs recorded in the ledger, newest first, from every kernel that used it.
+
+    Args:
+        limit: at most this many (None: all).
+        status: only runs that ended so (``"finished"``, ``"stopped"``, ``"failed"``, ``"lost"``) or ``"running"``.
+        name: only runs of the function of this name (``"%%ddp_train"`` for the magic's cells).
+
+    Raises:
+        LedgerError: the ledger is off (``FLAIR_NBDDP_LEDGER=0``) or cannot be read; the message says why.
+
+    Example::
+
+        from flair_nbddp import history, compare
+        recent = history(limit=5, name="train")
+        recent[0].scores, recent[0].params["kwargs"]
+        compare(recent)                                  # their dev/score curves in one figure
+    """
+    ledger = Ledger.default()
+    if ledger is None:
+        raise LedgerError(f"the run ledger is off ({SWITCH_ENV}=0): unset {SWITCH_ENV} to record runs again")
+    return ledger.records(limit, status, name)

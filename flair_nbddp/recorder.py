@@ -1,0 +1,142 @@
+"""Keeping one run in the run ledger while it goes: its row when it starts, its metrics, its end.
+
+A :class:`~flair_nbddp.Run` owns one :class:`RunRecorder`. The recorder never fails a run: when the ledger
+cannot be written (a damaged file, no permission, a disk that is full) it warns once, with
+:class:`~flair_nbddp.LedgerWarning` naming the cause and the fix, and the run goes on unrecorded. A write
+that finds the file busy (another kernel writing) is tried again at the next flush.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import warnings
+from typing import Any, Callable
+
+from .errors import LedgerError, LedgerWarning
+from .ledger import Ledger, RunRecord, process_identity
+from .provenance import Provenance, describe, describe_call, sha256_text, source_of
+from .result import RunResult
+from .state import RunState
+from .versions import package_versions
+
+FLUSH_SECONDS = 1.0  # metrics reach the ledger in batches, at most this often
+BUSY_FLUSH_SECONDS = 0.2  # a flush waits this long for a busy file, then leaves its points for the next
+MAX_ERROR_CHARACTERS = 2000
+RANK_FIELDS = (
+    "rank", "pid", "device", "step", "samples", "samples_per_second", "host_memory_bytes", "gpu_memory_bytes",
+    "gpu_utilization", "exit_code",
+)  # fmt: skip
+
+
+def error_summary(error: BaseException) -> str:
+    """``"WorkerError: ..."``, cut to ``MAX_ERROR_CHARACTERS``.
+
+    Example:
+        >>> error_summary(ValueError("bad label"))
+        'ValueError: bad label'
+    """
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= MAX_ERROR_CHARACTERS else text[:MAX_ERROR_CHARACTERS] + " ..."
+
+
+class RunRecorder:
+    """Writes one run to ``ledger`` (None: records nothing), described as ``provenance`` says.
+
+    Example::
+
+        recorder = RunRecorder(Provenance("launch"), Ledger.default())
+        recorder.begin(run, fn, args, kwargs, digests)   # once the call is packed
+        recorder.flush(run.state)                        # from the supervisor's loop
+        recorder.end(result)
+    """
+
+    def __init__(self, provenance: Provenance, ledger: Ledger | None) -> None:
+        self.provenance, self.ledger = provenance, ledger
+        self.id: int | None = None
+        self._cursor = 0  # metric points of the run's state already written
+        self._flushed_at = 0.0
+        self._ended = False
+
+    def begin(self, run: Any, fn: Callable, args: tuple, kwargs: dict, digests: dict[int, str]) -> None:
+        """Add the run's row: code, parameters (corpora by size and hash), options, devices, versions."""
+
+        def insert(ledger: Ledger) -> None:
+            self.id = ledger.insert(self._new_record(run, fn, args, kwargs, digests))
+
+        self._write(insert)
+
+    def _new_record(self, run: Any, fn: Callable, args: tuple, kwargs: dict, digests: dict[int, str]) -> RunRecord:
+        provenance = self.provenance
+        if provenance.source is None:
+            source, source_hash = source_of(fn)
+        else:
+            source, source_hash = provenance.source, sha256_text(provenance.source)
+        params = describe_call(args, kwargs, digests) if provenance.params is None else describe(
+            provenance.params, digests
+        )
+        options = {
+            "timeout": run.limits.timeout, "stop_timeout": run.limits.stop_timeout,
+            "hang_timeout": run.limits.hang_timeout, "distributed_eval": run.distributed_eval,
+            "lazy_corpus": run.lazy_corpus, "output": run.output_mode, **provenance.options,
+        }  # fmt: skip
+        plan = run.plan
+        return RunRecord(
+            started_at=run.state.started_at, updated_at=time.time(), status="running",
+            name=run.name, origin=provenance.origin, workers=type(run.source).__name__,
+            source=source, source_hash=source_hash, params=params, options=options, seed=run.seed,
+            world_size=plan.world_size, device_type=plan.device_type, backend=plan.backend, devices=str(plan),
+            host=socket.gethostname(), owner=process_identity(), versions=package_versions(),
+            run_dir=str(run.run_dir),
+        )  # fmt: skip
+
+    def flush(self, state: RunState) -> None:
+        """Append the metrics recorded since the last flush, if ``FLUSH_SECONDS`` have passed since it."""
+        if self.id is None or time.monotonic() - self._flushed_at < FLUSH_SECONDS:
+            return
+        self._flushed_at = time.monotonic()
+        points, cursor = state.metrics_since(self._cursor)
+        if points and self._write(lambda ledger: ledger.append_metrics(self.id, points, BUSY_FLUSH_SECONDS), True):
+            self._cursor = cursor
+
+    def end(self, run: Any, result: RunResult) -> None:
+        """Write how the run ended: status, error, the remaining metrics, final figures, ranks, model files (once)."""
+        if self.id is None or self._ended:
+            return
+        points = result.metrics[self._cursor :]
+        fields = {
+            "status": result.status, "ended_at": run.state.ended_at or time.time(), "updated_at": time.time(),
+            "error": None if result.error is None else error_summary(result.error),
+            "final_metrics": result.final_metrics, "scores": result.scores,
+            "ranks": [{name: getattr(rank, name) for name in RANK_FIELDS} for rank in result.ranks],
+            "checkpoint": None if result.checkpoint is None else str(result.checkpoint),
+            "models": [str(path) for path in result.models], "elapsed": result.elapsed,
+            "samples_per_second": result.samples_per_second, "time_to_first_batch": result.time_to_first_batch,
+        }  # fmt: skip
+        self._ended = self._write(lambda ledger: ledger.update(self.id, points, **fields))
+
+    def start_failed(self, run: Any, call: tuple | None, error: BaseException) -> None:
+        """Record a run that never got going (its call could not be packed, or its workers not started)."""
+        if self.id is None and call is not None:
+            self.begin(run, *call, {})
+        if self.id is not None:
+            fields = {"status": "failed", "ended_at": time.time(), "updated_at": time.time()}
+            self._write(lambda ledger: ledger.update(self.id, error=error_summary(error), **fields))
+
+    def _write(self, action: Callable[[Ledger], None], busy_ok: bool = False) -> bool:
+        """Whether ``action`` wrote; a busy file with ``busy_ok`` is left for the next try, any other failure
+        warns once and ends the recording (bookkeeping never fails a run)."""
+        if self.ledger is None:
+            return False
+        try:
+            action(self.ledger)
+            return True
+        except LedgerError as error:
+            if busy_ok and error.busy:
+                return False
+            cause = str(error)
+        except Exception as error:  # noqa: BLE001 - a bug of the recorder must not cost the run
+            cause = f"recording the run failed ({type(error).__name__}: {error}); please report it"
+        self.ledger = None
+        warnings.warn(LedgerWarning(f"{cause}. This run goes on, unrecorded."), stacklevel=3)
+        return False
