@@ -55,7 +55,7 @@ def measure(device: str | None, size: str, docs: int, repeats: int, workdir: Pat
     packs = []
     for _ in range(repeats):
         started = time.perf_counter()
-        size_bytes = payload.write_payload(workdir / "payload.pkl", train_classifier, args, kwargs)
+        size_bytes = payload.write_payload(workdir / "payload.pkl", train_classifier, args, kwargs).nbytes
         packs.append(time.perf_counter() - started)
     unpack = subprocess.run(
         [sys.executable, "-c", UNPACK_PROGRAM.format(repeats=repeats), str(workdir / "payload.pkl")],

@@ -53,11 +53,11 @@ REDRAW_INTERVAL = 0.2  # at most 5 redraws a second
 CLOCK_INTERVAL = 1.0  # redraw this often even without news, so the elapsed time moves
 TEXT_PROGRESS_INTERVAL = 10.0
 
-_MUTED = "var(--jp-ui-font-color2, #6b7280)"
-_BORDER = "var(--jp-border-color2, #e0e0e0)"
+MUTED_COLOR = "var(--jp-ui-font-color2, #6b7280)"
+BORDER_COLOR = "var(--jp-border-color2, #e0e0e0)"
 _PANEL = "var(--jp-layout-color2, #f5f5f5)"
-_CELL = f"padding:2px 10px 2px 0;border-bottom:1px solid {_BORDER};text-align:right"
-_HEAD = f"{_CELL};color:{_MUTED};font-weight:600"
+_CELL = f"padding:2px 10px 2px 0;border-bottom:1px solid {BORDER_COLOR};text-align:right"
+_HEAD = f"{_CELL};color:{MUTED_COLOR};font-weight:600"
 
 
 # -- formatting -----------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ def svg_chart(points: list[tuple[float, float]], title: str, color: str, width: 
         True
     """
     font = 'font-family="sans-serif" font-size="10"'
-    text = f'{font} style="fill:{_MUTED}"'  # CSS variables work in style, not in SVG attributes
+    text = f'{font} style="fill:{MUTED_COLOR}"'  # CSS variables work in style, not in SVG attributes
     parts = [f'<text x="0" y="11" {text} font-weight="600">{_escape(title)}</text>']
     left, right, top, bottom = 48, width - 4, 18, height - 14  # the left gutter holds the y range
     if not points:
@@ -208,7 +208,7 @@ def svg_chart(points: list[tuple[float, float]], title: str, color: str, width: 
         polyline = " ".join(f"{x:.1f},{y:.1f}" for x, y in coordinates)
         parts += [
             f'<rect x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" '
-            f'fill="none" style="stroke:{_BORDER}"/>',
+            f'fill="none" style="stroke:{BORDER_COLOR}"/>',
             f'<polyline points="{polyline}" fill="none" stroke="{color}" stroke-width="1.5"/>',
             f'<circle cx="{coordinates[-1][0]:.1f}" cy="{coordinates[-1][1]:.1f}" r="2.5" fill="{color}"/>',
             f'<text x="{right}" y="11" text-anchor="end" {font} fill="{color}">last {_number(ys[-1])}</text>',
@@ -247,7 +247,7 @@ def epoch_table_html(series: Series) -> str:
     """One row per finished epoch: the train loss, and the dev loss and score where flair recorded them."""
     columns = [name for name in EPOCH_COLUMNS if series.get(name)]
     if not columns:
-        return f'<span style="color:{_MUTED};font-size:12px">no epoch finished yet</span>'
+        return f'<span style="color:{MUTED_COLOR};font-size:12px">no epoch finished yet</span>'
     by_epoch: dict[int, dict[str, float]] = {}
     for name in columns:
         for epoch, value in series[name]:
@@ -272,7 +272,7 @@ def _rank_state(rank: RankInfo, run_ended: bool) -> str:
 
 
 def _rank_state_html(state: str) -> str:
-    color = {"alive": STATUS_COLORS["finished"], "ended": _MUTED}.get(state, STATUS_COLORS["failed"])
+    color = {"alive": STATUS_COLORS["finished"], "ended": MUTED_COLOR}.get(state, STATUS_COLORS["failed"])
     return f'<span style="color:{color}">{"● " if state == "alive" else ""}{state}</span>'
 
 
@@ -338,7 +338,7 @@ def log_html(snapshot: Snapshot, lines: int = LOG_TAIL_LINES, rank: int | None =
     rank ``rank``'s own output under a line of its figures, escaped, in a monospace block."""
     shown = snapshot.log_lines if rank is None else snapshot.rank_logs[rank]
     tail = "\n".join(shown[-lines:]) or "(no output yet)"
-    head = "" if rank is None else f'<div style="font-size:11px;color:{_MUTED}">{_escape(rank_line(snapshot, rank))}</div>'
+    head = "" if rank is None else f'<div style="font-size:11px;color:{MUTED_COLOR}">{_escape(rank_line(snapshot, rank))}</div>'
     return (
         f'{head}<pre style="margin:0;padding:6px 8px;background:{_PANEL};font-size:11px;line-height:1.35;'
         f'white-space:pre;overflow-x:auto">{_escape(tail)}</pre>'
@@ -349,7 +349,7 @@ def title_html(snapshot: Snapshot) -> str:
     """The heading: what runs where."""
     return (
         f'<b style="font-size:13px">flair_nbddp run</b> '
-        f'<span style="color:{_MUTED}">· {snapshot.world_size} × {_escape(snapshot.device_type)}</span>'
+        f'<span style="color:{MUTED_COLOR}">· {snapshot.world_size} × {_escape(snapshot.device_type)}</span>'
     )
 
 
@@ -446,7 +446,7 @@ def progress_bar_html(snapshot: Snapshot) -> str:
     color = STATUS_COLORS.get(snapshot.status, STATUS_COLORS["running"])
     return (
         f'<div style="display:flex;align-items:center;gap:10px;margin:6px 0">'
-        f'<div style="flex:1;height:10px;background:{_PANEL};border:1px solid {_BORDER}">'
+        f'<div style="flex:1;height:10px;background:{_PANEL};border:1px solid {BORDER_COLOR}">'
         f'<div style="width:{snapshot.fraction_done:.1%};height:100%;background:{color}"></div></div>'
         f'<span style="font-size:12px">{_escape(progress_text(snapshot))}</span></div>'
     )
@@ -456,7 +456,7 @@ def dashboard_html(snapshot: Snapshot, problem: Problem = NO_PROBLEM) -> str:
     """The whole dashboard as static HTML: what a saved notebook shows where the widget cannot render."""
     series = metric_series(snapshot)
     return (
-        f'<div class="nbddp-summary" style="border:1px solid {_BORDER};padding:8px 12px;max-width:960px">'
+        f'<div class="nbddp-summary" style="border:1px solid {BORDER_COLOR};padding:8px 12px;max-width:960px">'
         f'<div style="display:flex;justify-content:space-between">'
         f"<span>{title_html(snapshot)}</span>{status_html(snapshot)}</div>"
         f"{progress_bar_html(snapshot)}{outcome_html(snapshot, problem)}"
@@ -627,7 +627,7 @@ class Dashboard(RunView):
                 self.rank_view,
                 self.log,
             ],
-            layout=widgets.Layout(border=f"1px solid {_BORDER}", padding="6px 12px", max_width="980px"),
+            layout=widgets.Layout(border=f"1px solid {BORDER_COLOR}", padding="6px 12px", max_width="980px"),
         )
         self.widget.add_class("nbddp-dashboard")
         self.refresh()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -101,10 +102,12 @@ class StreamingPlugin(TrainerPlugin):
         self._saves_final_model = True
         self._corpus_before_stop: Any = None
         self._stopped_at: Path | None = None  # the checkpoint, once this plugin stopped the training
+        self._set_up_at = 0.0
 
     @TrainerPlugin.hook
     def after_setup(self, max_epochs: int = 0, base_path: Any = ".", save_final_model: bool = True, **_: Any):
         self._max_epochs, self._base_path, self._saves_final_model = max_epochs, Path(base_path), save_final_model
+        self._set_up_at = time.time()  # model files older than this are an earlier training's
         # flair silences its logger on ranks > 0 ("only print logs once"); here each rank has its own log, and
         # its warnings reach the cell
         logging.getLogger("flair").disabled = False
@@ -171,7 +174,8 @@ class StreamingPlugin(TrainerPlugin):
             self.trainer.corpus, self._corpus_before_stop = self._corpus_before_stop, None
         for name in ("final-model.pt", "best-model.pt", "stopped-model.pt"):
             path = self._base_path / name
-            if path.exists() and path not in SAVED_MODELS:
+            # written by this training (2 s of slack for file systems with coarse times)
+            if path.exists() and path.stat().st_mtime >= self._set_up_at - 2 and path not in SAVED_MODELS:
                 SAVED_MODELS.append(path)
         if self._rank == 0 and SAVED_MODELS:
             self._sender.send(ModelsSaved(0, tuple(str(path.resolve()) for path in SAVED_MODELS)))

@@ -4,7 +4,7 @@ The notebook's process writes it while a run goes (:mod:`~flair_nbddp.recorder`)
 its metrics in batches, its end. :func:`history` reads it back, newest first, as :class:`RunRecord` objects;
 a run whose kernel died before it ended reads as ``"lost"`` the next time the ledger is opened.
 
-Where: ``$FLAIR_NBDDP_HOME/runs.sqlite``, default ``~/.flair_nbddp/runs.sqlite`` (directory 0700, file 0600).
+Where: ``$FLAIR_NBDDP_HOME/runs.sqlite``, default ``~/.flair_nbddp/runs.sqlite`` (created 0700 and 0600).
 ``FLAIR_NBDDP_LEDGER=0`` turns recording off. Several kernels may write at once: the file is in SQLite's WAL
 mode and every write waits for a busy file, then retries. It holds what describes a run (code, parameters,
 sizes and hashes of corpora, versions, metrics), never a corpus or a model, and no environment.
@@ -58,14 +58,35 @@ def ledger_path() -> Path | None:
     return Path(home).expanduser().absolute() / FILE_NAME
 
 
+def _this_boot() -> str:
+    """This machine's boot and this process's pid namespace (Linux): pids are comparable only within both."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = "".join(filter(str.isdigit, os.readlink("/proc/self/ns/pid")))
+    except OSError:
+        return "-"
+    return f"{boot}/{namespace}"
+
+
 def process_identity(pid: int | None = None) -> str:
-    """``"<pid>:<start time>"`` of a process (default this one): a pid reused by a later process differs."""
+    """``"<pid>:<start time>:<boot>/<pid namespace>"`` of a process (default this one): a pid reused by a later
+    process, after a reboot or in another container differs."""
     process = psutil.Process(pid)
-    return f"{process.pid}:{process.create_time():.2f}"
+    return f"{process.pid}:{process.create_time():.2f}:{_this_boot()}"
 
 
-def _is_alive(identity: str) -> bool:
-    pid, _, started = identity.partition(":")
+def owner_alive(identity: str) -> bool | None:
+    """Whether the process of :func:`process_identity` ``identity`` still runs; None when this process cannot
+    tell (another container's pid namespace).
+
+    Example:
+        >>> owner_alive(process_identity()), owner_alive("1:12.00:another-boot/1")
+        (True, False)
+    """
+    pid, started, boot = (identity.split(":", 2) + ["", ""])[:3]
+    if boot != _this_boot():
+        same_machine = boot.partition("/")[0] == _this_boot().partition("/")[0]
+        return None if same_machine else False  # a pid namespace of its own: cannot tell; else rebooted since
     try:
         return abs(psutil.Process(int(pid)).create_time() - float(started)) < 1.0
     except (psutil.Error, ValueError):
@@ -175,6 +196,13 @@ _PREPARED: set[Path] = set()  # ledgers this process has created or checked
 _PREPARING = threading.Lock()
 
 
+def _insert_points(connection: sqlite3.Connection, run_id: int, points: list[MetricPoint]) -> None:
+    connection.executemany(
+        "INSERT INTO metrics VALUES (?, ?, ?, ?, ?)",
+        [(run_id, point.name, point.step, point.value, point.time) for point in points],
+    )
+
+
 def _to_row(record: RunRecord) -> list[Any]:
     return [json.dumps(getattr(record, name)) if name in _JSON else getattr(record, name) for name in _COLUMNS]
 
@@ -191,15 +219,15 @@ class Ledger:
         >>> ledger = Ledger(Path(tempfile.mkdtemp()) / "runs.sqlite")
         >>> run_id = ledger.insert(RunRecord(started_at=time.time(), name="train", owner=process_identity()))
         >>> ledger.append_metrics(run_id, [MetricPoint("dev/score", 0.5, 1, 0.0)])
-        >>> ledger.update(run_id, status="finished", ended_at=time.time())
+        >>> ledger.end(run_id, status="finished")
         >>> [(r.name, r.status, r.history("dev/score")) for r in ledger.records()]
         [('train', 'finished', [(1, 0.5)])]
         >>> oct(ledger.path.stat().st_mode & 0o777)
         '0o600'
     """
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path).absolute()
 
     @classmethod
     def default(cls) -> Ledger | None:
@@ -213,7 +241,7 @@ class Ledger:
         placeholders = ", ".join("?" * len(_COLUMNS))
 
         def write(connection: sqlite3.Connection) -> int:
-            self._mark_lost(connection)
+            self._mark_lost(connection, self._lost(connection))
             cursor = connection.execute(
                 f"INSERT INTO runs ({', '.join(_COLUMNS)}) VALUES ({placeholders})", _to_row(record)
             )
@@ -221,99 +249,121 @@ class Ledger:
 
         return self._transaction(write)
 
-    def append_metrics(self, run_id: int, points: list[MetricPoint], busy: float = BUSY_SECONDS) -> None:
+    def append_metrics(
+        self, run_id: int, points: list[MetricPoint], busy: float = BUSY_SECONDS, attempts: int = ATTEMPTS
+    ) -> None:
         """Append metric points to run ``run_id`` (and note the time, which dates a lost run's end)."""
-        rows = [(run_id, point.name, point.step, point.value, point.time) for point in points]
 
         def write(connection: sqlite3.Connection) -> None:
-            connection.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?)", rows)
+            _insert_points(connection, run_id, points)
             connection.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (time.time(), run_id))
 
-        self._transaction(write, busy)
+        self._transaction(write, busy, attempts)
 
-    def update(self, run_id: int, points: list[MetricPoint] = (), **fields: Any) -> None:
-        """Set fields of run ``run_id`` (e.g. its end), appending ``points`` in the same transaction."""
+    def end(self, run_id: int, points: list[MetricPoint] = (), **fields: Any) -> None:
+        """Write how run ``run_id`` ended (``fields``; ``ended_at`` defaults to now) and its last ``points``, once:
+        a run that has its end already is left as it is, so writing an end again adds nothing."""
         unknown = set(fields) - set(_COLUMNS)
         if unknown:
             raise ConfigurationError(f"not fields of a RunRecord: {', '.join(sorted(unknown))}")
+        fields = {"ended_at": time.time(), **fields}
         values = [json.dumps(value) if name in _JSON else value for name, value in fields.items()]
-        rows = [(run_id, point.name, point.step, point.value, point.time) for point in points]
 
         def write(connection: sqlite3.Connection) -> None:
-            connection.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?)", rows)
             assignments = ", ".join(f"{name} = ?" for name in fields)
-            connection.execute(f"UPDATE runs SET {assignments} WHERE id = ?", [*values, run_id])
+            ended = connection.execute(
+                f"UPDATE runs SET {assignments} WHERE id = ? AND ended_at IS NULL", [*values, run_id]
+            )
+            if ended.rowcount == 1:
+                _insert_points(connection, run_id, points)
 
         self._transaction(write)
 
     # -- reading ----------------------------------------------------------------------------------
     def records(
-        self, limit: int | None = 20, status: str | None = None, name: str | None = None, origin: str | None = None
-    ) -> list[RunRecord]:
-        """Runs, newest first, filtered by status, name and origin (runs of dead kernels marked lost first)."""
+        self, limit: int | None = 20, status: str | None = None, name: str | None = None, origin: str | None = None,
+        busy: float = BUSY_SECONDS, attempts: int = ATTEMPTS,
+    ) -> list[RunRecord]:  # fmt: skip
+        """Runs, newest first, filtered by status, name and origin (runs of dead kernels marked lost first);
+        ``busy`` and ``attempts`` as for a write (a view passes short ones)."""
         conditions = [(column, value) for column, value in (("status", status), ("name", name), ("origin", origin))]
         conditions = [(column, value) for column, value in conditions if value is not None]
         where = " AND ".join(f"{column} = ?" for column, _ in conditions) or "1"
         values = [value for _, value in conditions] + [-1 if limit is None else int(limit)]
 
         def read(connection: sqlite3.Connection) -> list[RunRecord]:
-            self._mark_lost(connection)
             cursor = connection.execute(f"SELECT * FROM runs WHERE {where} ORDER BY id DESC LIMIT ?", values)
             names = [column[0] for column in cursor.description]
             return [self._record(dict(zip(names, row))) for row in cursor.fetchall()]
 
-        return self._transaction(read)
+        lost = self._transaction(self._lost, busy, attempts, write=False)
+        if lost:  # the one write a read makes, and only when a run was lost
+            self._transaction(lambda connection: self._mark_lost(connection, lost), busy, attempts)
+        return self._transaction(read, busy, attempts, write=False)
 
     def metrics(self, run_id: int, name: str | None = None) -> list[MetricPoint]:
         """Run ``run_id``'s metric points in the order they were recorded (only ``name``'s if given)."""
         query = "SELECT name, value, step, time FROM metrics WHERE run_id = ?" + (" AND name = ?" if name else "")
         parameters = (run_id, name) if name else (run_id,)
-        rows = self._transaction(lambda connection: connection.execute(query + " ORDER BY rowid", parameters).fetchall())
-        return [MetricPoint(*row) for row in rows]
+
+        def read(connection: sqlite3.Connection) -> list[tuple]:
+            return connection.execute(query + " ORDER BY rowid", parameters).fetchall()
+
+        return [MetricPoint(*row) for row in self._transaction(read, write=False)]
 
     def _record(self, row: dict[str, Any]) -> RunRecord:
         values = {name: json.loads(value) if name in _JSON and value is not None else value for name, value in row.items()}
         return RunRecord(**{name: value for name, value in values.items() if name in _COLUMNS or name == "id"}, ledger=self)
 
     # -- the file ---------------------------------------------------------------------------------
-    def _mark_lost(self, connection: sqlite3.Connection) -> None:
-        """Runs of this host still "running" whose kernel process is gone ended with it: mark them lost."""
+    @staticmethod
+    def _lost(connection: sqlite3.Connection) -> list[tuple[int, str]]:
+        """The runs of this host still "running" whose kernel process is gone: ``(id, pid)`` each."""
         rows = connection.execute(
-            "SELECT id, owner FROM runs WHERE status IN ('starting', 'running') AND host = ?", (socket.gethostname(),)
+            "SELECT id, owner FROM runs WHERE status = 'running' AND host = ?", (socket.gethostname(),)
         ).fetchall()
-        for run_id, owner in rows:
-            if not _is_alive(owner or ""):
-                connection.execute(
-                    "UPDATE runs SET status = 'lost', ended_at = COALESCE(updated_at, started_at), error = ? "
-                    "WHERE id = ?",
-                    (f"lost: the process that ran it (pid {owner.partition(':')[0]}) ended before the run did", run_id),
-                )
+        return [(run_id, (owner or "?").partition(":")[0]) for run_id, owner in rows if owner_alive(owner or "") is False]
 
-    def _transaction(self, work: Callable[[sqlite3.Connection], _T], busy: float = BUSY_SECONDS) -> _T:
-        """``work`` in one write transaction, waiting up to ``busy`` s for another writer, tried ``ATTEMPTS``
-        times while the file stays busy."""
+    @staticmethod
+    def _mark_lost(connection: sqlite3.Connection, lost: list[tuple[int, str]]) -> None:
+        for run_id, pid in lost:
+            connection.execute(
+                "UPDATE runs SET status = 'lost', ended_at = COALESCE(updated_at, started_at), error = ? "
+                "WHERE id = ? AND status = 'running'",
+                (f"lost: the process that ran it (pid {pid}) ended before the run did", run_id),
+            )
+
+    def _transaction(
+        self, work: Callable[[sqlite3.Connection], _T], busy: float = BUSY_SECONDS, attempts: int = ATTEMPTS,
+        write: bool = True,
+    ) -> _T:  # fmt: skip
+        """``work`` in one transaction (a write one, or a read), waiting up to ``busy`` s for another writer,
+        tried ``attempts`` times while the file stays busy."""
         self._prepare()
         attempt = 1
         while True:
             try:
                 with self._connection(busy) as connection:
-                    connection.execute("BEGIN IMMEDIATE")
+                    connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                     try:
                         value = work(connection)
                     except BaseException:
-                        connection.execute("ROLLBACK")
+                        if connection.in_transaction:  # SQLite may have rolled back already (a full disk)
+                            with contextlib.suppress(sqlite3.Error):
+                                connection.execute("ROLLBACK")
                         raise
                     connection.execute("COMMIT")
                     return value
             except sqlite3.Error as error:
                 explained = self._explain(error)
-                if not explained.busy or attempt == ATTEMPTS:
+                if not explained.busy or attempt >= attempts:
                     raise explained from error
             attempt += 1
 
     @contextlib.contextmanager
     def _connection(self, busy: float) -> Iterator[sqlite3.Connection]:
-        connection = sqlite3.connect(self.path, timeout=busy, isolation_level=None)
+        # mode=rw: never create the file here (only _prepare does, private and with its tables)
+        connection = sqlite3.connect(f"{self.path.as_uri()}?mode=rw", uri=True, timeout=busy, isolation_level=None)
         try:
             connection.execute("PRAGMA synchronous = NORMAL")  # WAL: a commit is one append, synced at checkpoints
             yield connection
@@ -321,9 +371,10 @@ class Ledger:
             connection.close()
 
     def _prepare(self) -> None:
-        """Create the directory (0700), the file (0600), WAL mode and the tables, once per process."""
+        """Create the directory (0700), the file (0600), WAL mode and the tables, once per process (again if the
+        file was moved away meanwhile)."""
         with _PREPARING:
-            if self.path in _PREPARED:
+            if self.path in _PREPARED and self.path.exists():
                 return
             try:
                 self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -336,24 +387,29 @@ class Ledger:
                             f"one reads {SCHEMA_VERSION}): upgrade flair_nbddp, or point {HOME_ENV} at another directory"
                         )
                     connection.execute("PRAGMA journal_mode = WAL")
-                    connection.executescript(f"{_SCHEMA}; PRAGMA user_version = {SCHEMA_VERSION};")
+                    stamp = f"PRAGMA user_version = {SCHEMA_VERSION};" if version == 0 else ""
+                    connection.executescript(_SCHEMA + stamp)
             except (sqlite3.Error, OSError) as error:
                 raise self._explain(error) from error
             _PREPARED.add(self.path)
 
     def _explain(self, error: Exception) -> LedgerError:
-        cause = f"{type(error).__name__}: {error}"
+        cause, busy = f"{type(error).__name__}: {error}", "locked" in str(error) or "busy" in str(error)
         if isinstance(error, sqlite3.DatabaseError) and not isinstance(error, sqlite3.OperationalError):
-            fix = f"it is damaged or not an SQLite file. Move it aside (mv {self.path} {self.path}.bad) to start a new one"
-        elif "locked" in str(error) or "busy" in str(error):
-            fix = "another process kept it busy; the next write tries again"
+            aside = self.path.parent / "damaged"
+            fix = (
+                f"it is damaged or not an SQLite file. Move it aside with its -wal and -shm files (mkdir {aside} && "
+                f"mv {self.path}* {aside}/) and the next run starts a new one"
+            )
+        elif busy:
+            fix = "another process kept it busy for too long"
         else:
-            fix = f"check that {self.path.parent} is a directory you can write to"
+            fix = f"check that {self.path.parent} is a directory you can write to, with room on its disk"
         explained = LedgerError(
-            f"the run ledger {self.path} cannot be used ({cause}): {fix}, point {HOME_ENV} at another directory, or "
-            f"set {SWITCH_ENV}=0 to record nothing"
+            f"the run ledger {self.path} cannot be used ({cause}): {fix}; or point {HOME_ENV} at another directory, "
+            f"or set {SWITCH_ENV}=0 to record nothing"
         )
-        explained.busy = "locked" in str(error) or "busy" in str(error)
+        explained.busy = busy
         return explained
 
 

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .api import start
 from .dashboard import (
+    BORDER_COLOR,
+    MUTED_COLOR,
     NO_PROBLEM,
     STATUS_COLORS,
     Dashboard,
@@ -38,14 +40,14 @@ from .dashboard import (
     progress_text,
 )
 from .devices import DevicePlan, resolve_devices, visible_gpu_count
-from .errors import ConfigurationError, LedgerError, NotCallableError, RunActiveError
+from .errors import ConfigurationError, NotCallableError, RunActiveError
 from .ledger import Ledger, RunRecord
 from .pool import WorkerPool, current_pool
 from .provenance import Provenance
 from .result import RunResult
 from .run import DEFAULT_HANG_TIMEOUT, DEFAULT_STOP_TIMEOUT, Run, wait_for_end
 from .run_table import runs_html
-from .shared import trackable
+from .shared import PoolRef, trackable
 from .state import Snapshot
 
 if TYPE_CHECKING:
@@ -53,10 +55,9 @@ if TYPE_CHECKING:
 
 MAX_CPU_CHOICES = 8
 HISTORY_ROWS = 50  # runs of the function the table shows, newest first
+UI_BUSY_SECONDS = 0.5  # the table waits this long for a ledger another kernel is writing, then shows this panel's
 CONTROL_WIDTH = "380px"  # every form control, so that the grid's columns line up
 LOG_SLIDER_DECADES = 2  # a lone learning rate gets a slider this many decades either side
-_MUTED = "var(--jp-ui-font-color2, #6b7280)"
-_BORDER = "var(--jp-border-color2, #e0e0e0)"
 _FAILED = STATUS_COLORS["failed"]
 
 
@@ -291,16 +292,16 @@ class PanelRun:
     started_at: float = field(default_factory=time.time, compare=False)
 
     def as_record(self) -> RunRecord:
-        """This run as a row of the history table, where the run ledger has none (numbered as the panel's)."""
+        """This run as a row of the history table, where the run ledger has none (its ``#`` shows "—")."""
         return RunRecord(
-            id=self.number, started_at=self.started_at, status=self.status, devices=self.devices,
+            started_at=self.started_at, status=self.status, devices=self.devices,
             elapsed=self.elapsed, params={"kwargs": self.params}, scores=self.scores,
         )  # fmt: skip
 
 
 def panel_status_html(status: str, detail: str = "") -> str:
     """The coloured status next to the buttons, e.g. ``● running · run 2 · epoch 1/4 · batch 3/50 · 2%``."""
-    color = STATUS_COLORS.get(status, _MUTED)
+    color = STATUS_COLORS.get(status, MUTED_COLOR)
     text = f'<b style="color:{color}">● {html.escape(status)}</b>'
     return f'<span style="font-size:13px">{text}{" · " + html.escape(detail) if detail else ""}</span>'
 
@@ -423,6 +424,7 @@ class TrainingPanel:
         if not callable(fn):
             raise NotCallableError(f"fn must be callable (the training function), not {type(fn).__name__}")
         self.fn, self.fixed = fn, dict(fixed or {})
+        self._shared: PoolRef | None = None  # the corpus put on the current pool, while it matches
         self.corpus = corpus
         self.run_options = dict(
             seed=seed, timeout=timeout, stop_timeout=stop_timeout, hang_timeout=hang_timeout,
@@ -462,7 +464,7 @@ class TrainingPanel:
         self.status = widgets.HTML(panel_status_html("ready"), layout=widgets.Layout(margin="0 0 0 14px"))
         self.message = widgets.HTML(layout=widgets.Layout(display="none", width="100%", margin="2px 0 6px"))
         self.history = widgets.HTML(self.history_html(), layout=widgets.Layout(width="100%", overflow="auto"))
-        placeholder = f'<span style="color:{_MUTED};font-size:12px">the live dashboard of a run appears here</span>'
+        placeholder = f'<span style="color:{MUTED_COLOR};font-size:12px">the live dashboard of a run appears here</span>'
         self.dashboard_box = widgets.VBox([widgets.HTML(placeholder)], layout=widgets.Layout(margin="6px 0 0"))
         self.widget = self._layout(widgets)
         for control, css_class in [
@@ -477,7 +479,7 @@ class TrainingPanel:
         call = f"{_name(self.fn)}({'corpus, ' if self.corpus is not None else ''}**params)"
         title = widgets.HTML(
             f'<b style="font-size:13px">flair_nbddp training panel</b> '
-            f'<span style="color:{_MUTED}">· {html.escape(call)}</span>'
+            f'<span style="color:{MUTED_COLOR}">· {html.escape(call)}</span>'
         )
         columns = f"repeat(auto-fill, {CONTROL_WIDTH})"
         form = widgets.GridBox(
@@ -487,10 +489,10 @@ class TrainingPanel:
             [self.devices, self.train_button, self.stop_button, self.status],
             layout=widgets.Layout(align_items="center", flex_flow="row wrap", margin="8px 0 6px"),
         )
-        heading = widgets.HTML(f'<span style="color:{_MUTED};font-size:12px;font-weight:600">runs</span>')
+        heading = widgets.HTML(f'<span style="color:{MUTED_COLOR};font-size:12px;font-weight:600">runs</span>')
         return widgets.VBox(
             [title, form, buttons, self.message, heading, self.history, self.dashboard_box],
-            layout=widgets.Layout(border=f"1px solid {_BORDER}", padding="8px 12px", max_width="1010px"),
+            layout=widgets.Layout(border=f"1px solid {BORDER_COLOR}", padding="8px 12px", max_width="1010px"),
         )
 
     # -- reading ----------------------------------------------------------------------------------
@@ -552,11 +554,13 @@ class TrainingPanel:
     def history_html(self) -> str:
         """The table of runs, newest first, one column per param: every panel run of this function in the run
         ledger, those of earlier kernels too, and this panel's runs the ledger does not have (it is off, or
-        could not be written: the run said so)."""
+        could not be written: the message area says so)."""
         ledger, records = Ledger.default(), []
         if ledger is not None:
-            with contextlib.suppress(LedgerError):
-                records = ledger.records(HISTORY_ROWS, name=_name(self.fn), origin="panel")
+            with contextlib.suppress(Exception):  # whatever is wrong with the ledger, the table shows what it can
+                records = ledger.records(
+                    HISTORY_ROWS, name=_name(self.fn), origin="panel", busy=UI_BUSY_SECONDS, attempts=1
+                )  # fmt: skip
         recorded = {record.id for record in records}
         records += [run.as_record() for run in self.runs if run.record_id is None or run.record_id not in recorded]
         records.sort(key=lambda record: record.started_at, reverse=True)
@@ -593,7 +597,7 @@ class TrainingPanel:
         self._drop_shared()
 
     def _drop_shared(self) -> None:
-        shared, self._shared = getattr(self, "_shared", None), None
+        shared, self._shared = self._shared, None
         if shared is not None:
             shared.release()
 
@@ -648,6 +652,8 @@ class TrainingPanel:
             self.status.value = panel_status_html(result.status, outcome_text(record))
             if result.error is not None:
                 self._show_problem(describe_problem(result.error))
+            elif run.ledger_problem is not None:  # warned too, but a click's warning reaches no cell
+                self._show_problem(("this run is missing from the run ledger", run.ledger_problem))
         except Exception as error:  # a bug here must show, not die with the thread
             record.status, record.error = "failed", error
             self.status.value = panel_status_html("failed", f"run {record.number}")

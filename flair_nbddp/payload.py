@@ -38,7 +38,14 @@ from . import codec
 from .errors import CorpusMismatchError, PayloadWriteError, PoolRefError, ShippingError
 
 
-def _is_flair_object(obj: object) -> bool:
+def is_flair_object(obj: object) -> bool:
+    """Whether ``obj`` is an instance of one of flair's classes (a corpus, dataset, sentence, model...).
+
+    Example:
+        >>> from flair_nbddp.synthetic import sentiment_corpus
+        >>> is_flair_object(sentiment_corpus(2, 1, 1)), is_flair_object([])
+        (True, False)
+    """
     return type(obj).__module__.partition(".")[0] == "flair"
 
 
@@ -116,7 +123,7 @@ class _Pickler(cloudpickle.Pickler):
         self.digests: dict[int, str] = {}
 
     def reducer_override(self, obj: Any) -> Any:
-        if _is_flair_object(obj):
+        if is_flair_object(obj):
             if _is_flair_model(obj):
                 data = _model_bytes(obj)
                 self.digests[id(obj)] = hashlib.sha256(data).hexdigest()
@@ -340,12 +347,7 @@ def loads(data: bytes) -> Any:
 def read_payload(path: str | os.PathLike, lazy_corpus: bool = False) -> tuple[Callable, tuple, dict]:
     """Unpack what :func:`write_payload` wrote: ``(fn, args, kwargs)``; ``lazy_corpus``: flair corpora in it stay
     compact until read (:func:`flair_nbddp.lazy_corpus.decode_lazy`)."""
-    _LAZY_CORPORA.active = lazy_corpus
-    try:
-        with open(path, "rb") as handle:
-            return cloudpickle.load(handle)
-    finally:
-        _LAZY_CORPORA.active = False
+    return _load_file(path, _LAZY_CORPORA, lazy_corpus)
 
 
 def write_result(path: str | os.PathLike, value: Any) -> None:
@@ -369,9 +371,14 @@ def read_result(path: str | os.PathLike) -> Any:
 
     Flair models in it arrive on CPU (see :func:`rebuild_model`).
     """
-    _MODELS_TO_NOTEBOOK.active = True
+    return _load_file(path, _MODELS_TO_NOTEBOOK, True)
+
+
+def _load_file(path: str | os.PathLike, flag: threading.local, active: bool) -> Any:
+    """Unpack the file at ``path`` with ``flag.active`` set to ``active`` meanwhile (read by the rebuilders)."""
+    flag.active = active
     try:
         with open(path, "rb") as handle:
             return cloudpickle.load(handle)
     finally:
-        _MODELS_TO_NOTEBOOK.active = False
+        flag.active = False

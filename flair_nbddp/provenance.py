@@ -2,8 +2,9 @@
 
 A parameter is kept as it is when it is plain data (numbers, short strings, lists and dicts of them). A flair
 corpus or dataset is kept as its sizes and the sha256 of the bytes shipped to the workers, never its content;
-anything else as its type. Values whose name says they are secret (``token``, ``password``, ``api_key``...) are
-masked.
+anything else as its type. Values whose name says they are secret (``token``, ``password``, ``api_key``...) and
+strings that look like an access token (``hf_...``, ``sk-...``, ``ghp_...``, ``AKIA...``) are masked, and so is
+the password of a URL.
 
 Example:
     >>> from flair_nbddp.synthetic import sentiment_corpus
@@ -22,7 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, Callable
 
-SECRET = re.compile(r"token|secret|passw|api_?key|credential|auth", re.IGNORECASE)
+from .payload import is_flair_object
+
+SECRET = re.compile(
+    r"token|secret|passw|pwd|passphrase|credential|auth(?!or)|cookie|bearer|(^|[_-])key$|_?key_|api_?key|access_?key",
+    re.IGNORECASE,
+)  # a parameter's name
+TOKEN = re.compile(r"^(hf_|sk-|sk_|ghp_|gho_|ghs_|github_pat_|xox[abp]-|glpat-|AKIA|ASIA)[A-Za-z0-9_\-]{8,}$")
+URL_PASSWORD = re.compile(r"(://[^/:@\s]*):[^/@\s]*@")  # scheme://user:password@host
 MAX_TEXT = 500  # characters of a string parameter kept
 MAX_ITEMS = 50  # items of a list or dict kept; a longer one is recorded by its type and length
 MAX_DEPTH = 4
@@ -73,6 +81,8 @@ def describe(value: Any, digests: dict[int, str] | None = None, depth: int = 0) 
     Example:
         >>> describe([1, "a", None, 2.5]), describe(object())
         ([1, 'a', None, 2.5], {'type': 'object'})
+        >>> describe(["hf_aBcDeFgHiJkLmN", "https://me:pa55@hub.example.org/x"])
+        ['***', 'https://me:***@hub.example.org/x']
     """
     digests = digests or {}
     if value is None or isinstance(value, (bool, int)):
@@ -80,13 +90,16 @@ def describe(value: Any, digests: dict[int, str] | None = None, depth: int = 0) 
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     if isinstance(value, str):
+        if TOKEN.match(value.strip()):
+            return "***"
+        value = URL_PASSWORD.sub(r"\1:***@", value)
         return value if len(value) <= MAX_TEXT else value[:MAX_TEXT] + f"... ({len(value)} characters)"
     if isinstance(value, PurePath):
         return str(value)
     recorded = getattr(type(value), "__flair_nbddp_record__", None)  # a PoolRef: the object put, described when put
     if recorded is not None:
         return recorded(value)
-    if type(value).__module__.partition(".")[0] == "flair":
+    if is_flair_object(value):
         described = {"type": type(value).__name__, **sizes(value)}
         return described if id(value) not in digests else {**described, "sha256": digests[id(value)]}
     if depth < MAX_DEPTH and isinstance(value, (list, tuple)) and len(value) <= MAX_ITEMS:

@@ -85,7 +85,7 @@ def preload_for(args: tuple, kwargs: dict) -> tuple[str, ...]:
     values = [*args, *kwargs.values()]
     values += [inner for value in values if isinstance(value, dict) for inner in value.values()]
     ships_flair = any(
-        type(value).__module__.partition(".")[0] == "flair" or (isinstance(value, PoolRef) and value.of_flair)
+        payload.is_flair_object(value) or (isinstance(value, PoolRef) and value.of_flair)
         for value in values
     )
     return ("torch", "flair") if ships_flair else ()
@@ -160,6 +160,11 @@ class Run:
     def record_id(self) -> int | None:
         """The run's id in the run ledger (:func:`flair_nbddp.history`); None before it starts, or unrecorded."""
         return self._recorder.id
+
+    @property
+    def ledger_problem(self) -> str | None:
+        """Why the run ledger could not (fully) record this run, once that happened (also warned); else None."""
+        return self._recorder.problem
 
     @property
     def plan(self) -> DevicePlan:
@@ -292,6 +297,10 @@ class Run:
         with self._finishing:
             if self._result is None:
                 self._result = self._conclude(self._started())
+                try:
+                    self._recorder.end(self, self._result)
+                except KeyboardInterrupt:  # the run has ended and its result is kept: an interrupt cannot cost them
+                    self._recorder.end(self, self._result)  # the ledger keeps one end, whichever got there
             return self._result
 
     def _conclude(self, supervisor: Supervisor) -> RunResult:
@@ -312,10 +321,6 @@ class Run:
         result = RunResult.from_run(self, value, error)
         if error is not None:
             error.result = result
-        try:
-            self._recorder.end(self, result)
-        except KeyboardInterrupt:  # the run has ended: an interrupt now cannot cost it, nor its record
-            self._recorder.end(self, result)
         return result
 
     def _release(self, clean: bool) -> None:

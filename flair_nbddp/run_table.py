@@ -16,13 +16,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .dashboard import STATUS_COLORS, format_duration
+from .dashboard import BORDER_COLOR, MUTED_COLOR, STATUS_COLORS, format_duration
 from .ledger import RunRecord
 
-_MUTED = "var(--jp-ui-font-color2, #6b7280)"
-_BORDER = "var(--jp-border-color2, #e0e0e0)"
-_CELL = f"padding:2px 12px 2px 0;border-bottom:1px solid {_BORDER};text-align:right;white-space:nowrap"
-_HEAD = f"{_CELL};color:{_MUTED};font-weight:600"
+_CELL = f"padding:2px 12px 2px 0;border-bottom:1px solid {BORDER_COLOR};text-align:right;white-space:nowrap"
+_HEAD = f"{_CELL};color:{MUTED_COLOR};font-weight:600"
 MAX_PARAMS_TEXT = 80
 
 
@@ -53,7 +51,7 @@ def params_text(params: dict[str, Any]) -> str:
 
 
 def status_badge(status: str) -> str:
-    return f'<span style="color:{STATUS_COLORS.get(status, _MUTED)}">● {html.escape(status)}</span>'
+    return f'<span style="color:{STATUS_COLORS.get(status, MUTED_COLOR)}">● {html.escape(status)}</span>'
 
 
 def runs_html(
@@ -66,7 +64,7 @@ def runs_html(
     column (the magic's: its notebook variables), then the scores.
     """
     if not records:
-        return f'<span style="color:{_MUTED};font-size:12px">{html.escape(empty)}</span>'
+        return f'<span style="color:{MUTED_COLOR};font-size:12px">{html.escape(empty)}</span>'
     scores = list(dict.fromkeys(name for record in records for name in record.scores))
     if param_names is None:
         head = ["#", "started", "name", "status", "devices", "elapsed", "parameters", *scores]

@@ -89,7 +89,7 @@ class PoolRef:
         self.path = path
         self.nbytes, self.digest, self.pack_seconds = nbytes, digest, pack_seconds
         self.type_name = type(obj).__name__
-        self.of_flair = type(obj).__module__.partition(".")[0] == "flair"  # cold workers import flair early
+        self.of_flair = payload.is_flair_object(obj)  # cold workers import flair early
         self.put_at = time.time()
         self.released = False
         self._pool = weakref.ref(pool)

@@ -81,7 +81,6 @@ class ColdWorkers:
     def __init__(self, plan: DevicePlan) -> None:
         self.plan = plan
         self._group: WorkerGroup | None = None
-
         self._handed = False  # whether the group got its job
 
     def prepare(self, run_dir: RunDir, preload: tuple[str, ...]) -> None:

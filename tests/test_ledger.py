@@ -21,7 +21,7 @@ from flair_nbddp.compare import compare
 from flair_nbddp.devices import DevicePlan
 from flair_nbddp.events import Metric
 from flair_nbddp.errors import ConfigurationError, LedgerError, LedgerWarning
-from flair_nbddp.ledger import Ledger, RunRecord, history, ledger_path, process_identity
+from flair_nbddp.ledger import Ledger, RunRecord, _this_boot, history, ledger_path, owner_alive, process_identity
 from flair_nbddp.provenance import Provenance, describe, describe_call, source_of
 from flair_nbddp.recorder import RunRecorder
 from flair_nbddp.state import MetricPoint, RunState
@@ -70,9 +70,9 @@ def test_flair_nbddp_ledger_0_turns_recording_off(home, monkeypatch):
 def test_records_come_back_newest_first_filtered_with_their_metrics(home):
     ledger = Ledger.default()
     first = ledger.insert(_record("train", params={"kwargs": {"lr": 0.1}}))
-    ledger.update(first, _points(2, "dev/score"), status="finished", ended_at=time.time(), scores={"dev/score": 0.5})
+    ledger.end(first, _points(2, "dev/score"), status="finished", ended_at=time.time(), scores={"dev/score": 0.5})
     second = ledger.insert(_record("tag"))
-    ledger.update(second, status="failed", error="WorkerError: rank 1 failed")
+    ledger.end(second, status="failed", error="WorkerError: rank 1 failed")
     third = ledger.insert(_record("train"))
     assert [record.id for record in history()] == [third, second, first]
     assert [record.id for record in history(limit=1)] == [third]
@@ -100,12 +100,37 @@ def test_a_run_whose_process_died_is_marked_lost_when_the_ledger_is_next_opened(
     assert statuses[alive].status == "running" and statuses[elsewhere].status == "running"  # not ours to judge
 
 
-def test_a_reused_pid_does_not_keep_a_dead_run_alive(home):
+def test_a_reused_pid_or_a_reboot_does_not_keep_a_dead_run_alive(home):
     ledger = Ledger.default()
-    me = process_identity()
-    impostor = me.split(":")[0] + ":12345.00"  # this pid, but a process started at another time
-    run_id = ledger.insert(_record(owner=impostor))
-    assert [record.status for record in history() if record.id == run_id] == ["lost"]
+    pid, boot = os.getpid(), _this_boot()
+    reused = ledger.insert(_record(owner=f"{pid}:12345.00:{boot}"))  # this pid, a process started at another time
+    rebooted = ledger.insert(_record(owner=f"{pid}:{process_identity().split(':')[1]}:another-boot/1"))
+    namespace = boot.partition("/")[0] + "/999"  # this boot, another container's pids: not ours to judge
+    elsewhere = ledger.insert(_record(owner=f"{pid}:12345.00:{namespace}"))
+    statuses = {record.id: record.status for record in history()}
+    assert (statuses[reused], statuses[rebooted], statuses[elsewhere]) == ("lost", "lost", "running")
+    assert owner_alive(f"{pid}:12345.00:{namespace}") is None
+
+
+def test_a_run_ends_once_in_the_ledger(home):
+    ledger = Ledger.default()
+    run_id = ledger.insert(_record())
+    ledger.end(run_id, _points(2), status="finished", elapsed=3.0)
+    ledger.end(run_id, _points(2), status="failed", elapsed=9.0)  # e.g. an interrupted end, written again
+    [record] = history()
+    assert (record.status, record.elapsed, len(record.metrics())) == ("finished", 3.0, 2)
+
+
+def test_a_ledger_moved_aside_in_a_live_kernel_starts_anew_private(home):
+    ledger = Ledger.default()
+    ledger.insert(_record("before"))
+    aside = home / "damaged"
+    aside.mkdir()
+    for path in home.glob("runs.sqlite*"):
+        path.rename(aside / path.name)
+    ledger.insert(_record("after"))  # this process had prepared the file before: it prepares the new one
+    assert [record.name for record in history()] == ["after"]
+    assert oct((home / "runs.sqlite").stat().st_mode & 0o777) == "0o600"
 
 
 def test_a_damaged_file_is_a_clear_error_and_is_left_for_the_user(home):
@@ -146,7 +171,7 @@ def test_a_run_with_an_unusable_ledger_warns_once_and_goes_on_unrecorded(home, t
         recorder.end(run, SimpleNamespace(metrics=[]))
     assert recorder.id is None
     [warning] = [item for item in caught if issubclass(item.category, LedgerWarning)]
-    assert "This run goes on, unrecorded" in str(warning.message) and "FLAIR_NBDDP_HOME" in str(warning.message)
+    assert f"This run ({tmp_path}) goes on, unrecorded." in str(warning.message) and "FLAIR_NBDDP_HOME" in str(warning.message)
 
 
 def test_two_writers_at_once_lose_nothing_and_corrupt_nothing(home):
@@ -212,6 +237,10 @@ def test_parameters_are_described_corpora_by_size_and_hash_secrets_masked():
     assert kwargs["hf_token"] == "***" and kwargs["lr"] == 0.1 and kwargs["model_dir"] is None
     assert kwargs["nan"] == "nan" and kwargs["note"].endswith("... (600 characters)") and len(kwargs["note"]) < 530
     assert describe(list(range(100))) == {"type": "list", "len": 100} and describe(threading.Lock()) == {"type": "lock"}
+    # secrets by their look, wherever they are: positional values, URLs
+    assert describe_call(("ghp_abcdefghijklmnop1234", "postgres://me:s3cret@db/x"), {"private_key": "x", "author": "me"}) == {
+        "args": ["***", "postgres://me:***@db/x"], "kwargs": {"private_key": "***", "author": "me"}
+    }
     json.dumps(described)  # all of it goes into the ledger as JSON
 
 
@@ -243,7 +272,7 @@ def _three_runs():
     for number, scores in enumerate(([0.5, 0.7, 0.8], [0.4, 0.6], [])):
         run_id = ledger.insert(_record("train", params={"kwargs": {"lr": 10.0**-number}}))
         points = [MetricPoint("dev/score", score, epoch + 1, 1000.0 + epoch) for epoch, score in enumerate(scores)]
-        ledger.update(run_id, points, status="finished", scores={"dev/score": scores[-1]} if scores else {})
+        ledger.end(run_id, points, status="finished", scores={"dev/score": scores[-1]} if scores else {})
     return history()
 
 

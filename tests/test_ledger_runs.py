@@ -4,11 +4,12 @@ on a warm pool, leave there."""
 import hashlib
 import threading
 import time
+import warnings
 
 import pytest
 
 from flair_nbddp import WorkerPool, codec, history, launch, start
-from flair_nbddp.errors import ShippingError, WorkerError
+from flair_nbddp.errors import LedgerWarning, ShippingError, WorkerError
 from flair_nbddp.synthetic import ner_corpus
 from training_jobs import train_ner, train_sentiment
 
@@ -97,3 +98,15 @@ def test_runs_on_a_warm_pool_are_recorded_with_the_object_put(tmp_path):
 
 def json_key(described: dict) -> tuple:
     return tuple(sorted(described.items()))
+
+
+def test_a_damaged_ledger_costs_a_run_one_warning_and_nothing_else(home):
+    home.mkdir()
+    (home / "runs.sqlite").write_bytes(b"not a database, and not to be replaced" * 64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = launch(divmod, (7, 2), dashboard=False)
+    assert (result.status, result.value, result.record_id) == ("finished", (3, 1), None)
+    [warning] = [item for item in caught if issubclass(item.category, LedgerWarning)]
+    assert "damaged or not an SQLite file" in str(warning.message) and "goes on, unrecorded" in str(warning.message)
+    assert (home / "runs.sqlite").read_bytes().startswith(b"not a database")

@@ -148,6 +148,7 @@ class FakeRun:
         self.state = RunState(world_size=self.plan.world_size, device_type=self.plan.device_type)
         self.stopped = False
         self.record_id = None  # not in the run ledger: the panel's table shows it from its own list
+        self.ledger_problem = None
         self._ended = threading.Event()
         self._outcome = None
 
@@ -285,7 +286,8 @@ def test_a_stopped_run_shows_no_test_score_rather_than_a_zero(panel, fake_runs):
     assert panel.runs[0].scores == {"dev/score": 0.7}
     rows = panel.history.value.split("<tr")[2:]  # newest first: the finished run, then the stopped one
     assert "0.8000" in rows[0] and "● stopped" in rows[1]
-    assert "0.0000" not in rows[1] and "nan" not in rows[1].lower() and rows[1].count("—") == 1
+    # "—" for the missing test score, and for "#": the fake runs are not in the run ledger
+    assert "0.0000" not in rows[1] and "nan" not in rows[1].lower() and rows[1].count("—") == 2
 
 
 def test_a_worker_failure_shows_in_red_with_the_traceback_folded(panel, fake_runs):
@@ -354,13 +356,33 @@ def test_with_a_warm_pool_the_panel_runs_on_it(panel, fake_runs):
     assert not panel.devices.disabled and panel.devices.value == ("cpu", 2)
 
 
+def test_a_run_missing_from_the_run_ledger_says_so_in_the_panel(panel, fake_runs):
+    panel.train()
+    fake_runs[0].ledger_problem = "the run ledger /home/me/runs.sqlite cannot be used (...). This run goes on, unrecorded."
+    fake_runs[0].end(value={"test_score": 0.5})
+    panel.wait(timeout=5)
+    assert panel.message.layout.display is None and "missing from the run ledger" in panel.message.value
+    assert "/home/me/runs.sqlite cannot be used" in panel.message.value and "● finished" in panel.status.value
+
+
+def test_the_history_table_survives_a_damaged_ledger(tmp_path, monkeypatch, fake_runs):
+    monkeypatch.setenv("FLAIR_NBDDP_HOME", str(tmp_path))
+    (tmp_path / "runs.sqlite").write_bytes(b"not a database" * 100)
+    panel = TrainingPanel(_train, corpus="c", params={"learning_rate": 5e-3}, fixed={"model_path": "tiny"})
+    assert "no runs yet" in panel.history.value
+    panel.train()
+    fake_runs[0].end(value={"test_score": 0.5})
+    panel.wait(timeout=5)
+    assert "0.5000" in panel.history.value  # this panel's own run, from its list
+
+
 def test_history_table_unites_the_columns_of_every_run():
     html = runs_html([
         PanelRun(1, {"lr": 0.005}, "2 × cpu (gloo)", "finished", 30.0, {"test_score": 0.91}).as_record(),
         PanelRun(2, {"lr": 0.001, "shuffle": False}, "1 × cpu (gloo)", "failed", 3.0).as_record(),
     ], param_names=["lr", "shuffle"])  # fmt: skip
     assert html.count("<tr>") == 3 and ">shuffle<" in html and ">test_score<" in html
-    assert html.count("—") == 2  # run 1 had no shuffle; run 2 no score
+    assert html.count("—") == 4  # run 1 had no shuffle; run 2 no score; neither is in the ledger (#)
     unsafe = PanelRun(1, {"optimizer": "<b>"}, "2 × cpu (gloo)").as_record()
     assert "&lt;b&gt;" in runs_html([unsafe], param_names=["optimizer"])
 
