@@ -36,6 +36,11 @@ def test_the_per_rank_view_switches_to_one_ranks_own_output(lab, page):
         timeout=120_000,
     )
     assert "finished" in _visible_text(page, ".nbddp-status"), lab.log_tail()
+    # one redraw sets the status, then the log: the browser may show the first before it has applied the second
+    page.wait_for_function(
+        f"() => ({VISIBLE.format('.nbddp-log')} || {{innerText: ''}}).innerText.includes('[rank 1] rank 1 warns')",
+        timeout=10_000,
+    )
     cell_view = _visible_text(page, ".nbddp-log")
     assert "[rank 1] rank 1 warns on stderr" in cell_view and "an ordinary line of rank 1" not in cell_view
 
