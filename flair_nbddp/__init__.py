@@ -36,6 +36,7 @@ from .errors import (
     UnsupportedPlatformError,
     WorkerError,
 )
+from .interactive import RankResult
 from .ledger import RunRecord, history
 from .panel import TrainingPanel
 from .pool import WorkerPool
@@ -59,6 +60,7 @@ __all__ = [
     "PoolClosedError",
     "PoolRef",
     "PoolRefError",
+    "RankResult",
     "Run",
     "RunActiveError",
     "RunError",
@@ -84,7 +86,8 @@ __all__ = [
 ]
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext flair_nbddp``: registers ``%%ddp_train``, ``%ddp_pool``, ``%ddp_info`` and ``%ddp_runs``."""
+    """``%load_ext flair_nbddp``: registers ``%%ddp_train``, ``%%ddp_exec``, ``%ddp_pool``, ``%ddp_info`` and
+    ``%ddp_runs``."""
     from .magic import DdpMagics
 
     ipython.register_magics(DdpMagics)

@@ -172,6 +172,17 @@ def launch(
         hang_timeout=hang_timeout, run_dir=run_dir, distributed_eval=distributed_eval, lazy_corpus=lazy_corpus,
         output=output, provenance=provenance or Provenance("launch"),
     )  # fmt: skip
+    return watch(run, dashboard)
+
+
+def watch(run: Run, dashboard: bool | None = None) -> RunResult:
+    """Start ``run`` (built, not started), show it in the view that fits while it goes (as :func:`launch` does),
+    and return its result; a failed run raises its error.
+
+    Raises:
+        DashboardUnavailableError: ``dashboard=True`` outside a Jupyter kernel (before anything starts).
+        Whatever ``run.start()`` raises, and the run's error (:class:`WorkerError`...) when it failed.
+    """
     view = open_view(run, dashboard)  # before any worker starts: an impossible view must not cost a start
     shown = False  # a run that never started has nothing to show
     try:

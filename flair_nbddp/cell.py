@@ -14,19 +14,24 @@ from __future__ import annotations
 import ast
 import builtins
 import symtable
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 
 def execute_cell(source: str, namespace: dict[str, Any]) -> Any:
     """Execute ``source`` in a copy of ``namespace``; return the value of its last expression (else None)."""
-    module = ast.parse(source, filename="<ddp_train cell>", mode="exec")
-    scope = {"__name__": "__main__", **namespace}
+    return run_source(source, {"__name__": "__main__", **namespace}, "<ddp_train cell>")
+
+
+def run_source(source: str, scope: dict[str, Any], filename: str) -> Any:
+    """Execute ``source`` in ``scope`` itself (its frames named ``filename``); return the value of its last
+    expression (else None)."""
+    module = ast.parse(source, filename=filename, mode="exec")
     last = module.body.pop() if module.body and isinstance(module.body[-1], ast.Expr) else None
-    exec(compile(module, "<ddp_train cell>", "exec"), scope)
+    exec(compile(module, filename, "exec"), scope)
     if last is None:
         return None
-    return eval(compile(ast.Expression(last.value), "<ddp_train cell>", "eval"), scope)
+    return eval(compile(ast.Expression(last.value), filename, "eval"), scope)
 
 
 class _TopLevel(ast.NodeVisitor):
@@ -152,13 +157,18 @@ def free_names(source: str) -> list[str]:
     return list(needed)
 
 
-def names_to_ship(source: str, namespace: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def names_to_ship(
+    source: str, namespace: dict[str, Any], held: Collection[str] = ()
+) -> tuple[dict[str, Any], list[str]]:
     """Split the cell's free names into ``(values found in namespace, names defined nowhere)``.
 
-    Builtins are neither shipped nor missing; IPython's own ``In``/``Out``/``get_ipython`` are never shipped.
+    Builtins are neither shipped nor missing; IPython's own ``In``/``Out``/``get_ipython`` are never shipped;
+    nor are the names in ``held``, which the ranks have already (bound by earlier ``%%ddp_exec`` cells).
     """
     shipped, missing = {}, []
     for name in free_names(source):
+        if name in held:
+            continue
         if name in namespace and name not in ("In", "Out", "get_ipython", "exit", "quit"):
             shipped[name] = namespace[name]
         elif not hasattr(builtins, name):

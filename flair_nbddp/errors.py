@@ -136,7 +136,8 @@ class RunError(FlairNbddpError):
 
 
 class WorkerError(RunError, RuntimeError):
-    """A worker rank failed; the run was ended on every rank.
+    """A worker rank failed; the run was ended on every rank (for ``%%ddp_exec``, one rank's error in its cell:
+    the other ranks and their namespaces go on).
 
     Attributes:
         rank: the rank that failed first.

@@ -31,6 +31,7 @@ from flair.trainers.plugins import TrainerPlugin
 from flair.trainers.plugins.base import TrainingInterrupt
 from flair.trainers.plugins.metric_records import MetricRecord
 
+from . import interactive
 from .counters import TrainingCounters
 from .errors import MissingMultiGpuError
 from .events import STOP_REQUESTED, EventSender, Metric, ModelsSaved, Progress, Stopped
@@ -142,6 +143,11 @@ class StreamingPlugin(TrainerPlugin):
         """This plugin stopped the training (a stop from the notebook)."""
         return self._stopped_at is not None
 
+    @property
+    def checkpoint(self) -> Path | None:
+        """Where the model was saved when this plugin stopped the training."""
+        return self._stopped_at
+
     @TrainerPlugin.hook
     def training_interrupt(self, **_: Any) -> None:
         """After a stop, flair would evaluate the whole test split (minutes on a real one): skip it."""
@@ -235,7 +241,13 @@ def instrument_trainer(
                 "each rank would train on the whole corpus on its own. Add multi_gpu=True to the call."
             )
         streaming = StreamingPlugin(sender, rank, counters, control_group)
-        scores = original(self, *args, multi_gpu=multi_gpu, plugins=[*(plugins or []), streaming], **kwargs)
+        interactive.training(True)  # an interrupt of a %%ddp_exec cell waits for the same-batch stop
+        try:
+            scores = original(self, *args, multi_gpu=multi_gpu, plugins=[*(plugins or []), streaming], **kwargs)
+        finally:
+            interactive.training(False)
+        if streaming.stopped and interactive.in_cell():
+            raise KeyboardInterrupt(f"stopped after the same batch on every rank; model: {streaming.checkpoint}")
         if streaming.stopped and isinstance(scores, dict) and "test_score" in scores:
             scores["test_score"] = float("nan")  # flair's 0 would read as a score; there was no test evaluation
         return scores

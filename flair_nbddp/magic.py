@@ -15,9 +15,10 @@ Example (in a notebook)::
 from __future__ import annotations
 
 import ast
+from collections.abc import Collection
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
+from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .api import launch
@@ -26,7 +27,8 @@ from .devices import gpu_names, resolve_devices
 from .errors import ConfigurationError, DeviceError, LedgerError, ShippingError, UnsupportedPlatformError
 from .ledger import ENDED, history, ledger_path
 from .payload import describe_unpicklable
-from .pool import WorkerPool, current_pool, set_current_pool
+from .pool import WorkerPool, check_ranks, current_pool, set_current_pool
+from .interactive import PREDEFINED, RankResult
 from .provenance import Provenance
 from .rank_output import OUTPUT_MODES
 from .run import DEFAULT_HANG_TIMEOUT, DEFAULT_STOP_TIMEOUT, runs
@@ -37,8 +39,8 @@ from .versions import versions
 # kit's FlairNbddpError family: IPython shows it as a single line only when `etype is UsageError`, not for a
 # subclass (InteractiveShell.showtraceback).
 
-def gpu_list(text: str | None) -> list[int] | None:
-    """``"0,2"`` → ``[0, 2]`` (the ``--gpus`` option).
+def gpu_list(text: str | None, option: str = "--gpus") -> list[int] | None:
+    """``"0,2"`` → ``[0, 2]`` (the ``--gpus`` option, or the list of numbers of ``option``).
 
     Example:
         >>> gpu_list("0, 2"), gpu_list(None)
@@ -49,7 +51,8 @@ def gpu_list(text: str | None) -> list[int] | None:
     try:
         return [int(part) for part in text.split(",")]
     except ValueError:
-        raise UsageError(f"--gpus {text!r} is not a list of GPU numbers: write e.g. --gpus 0,2") from None
+        kind = "GPU" if option == "--gpus" else "rank"
+        raise UsageError(f"{option} {text!r} is not a list of {kind} numbers: write e.g. {option} 0,2") from None
 
 
 def plain_python(cell: str, transform) -> str:
@@ -82,8 +85,8 @@ def plain_python(cell: str, transform) -> str:
     return source
 
 
-def _check_names(cell: str, namespace: dict) -> dict:
-    shipped, missing = names_to_ship(cell, namespace)
+def _check_names(cell: str, namespace: dict, held: Collection[str] = ()) -> dict:
+    shipped, missing = names_to_ship(cell, namespace, held)
     if missing:
         listed = ", ".join(f"{name!r}" for name in missing)
         raise UsageError(
@@ -127,6 +130,34 @@ def use_pool_copies(shipped: dict, pool: WorkerPool) -> tuple[dict, list[str]]:
                 f"this cell; '%ddp_pool put {name}' shares the new one"
             )
     return shipped, notes
+
+
+def show_rank_results(results: list[RankResult]) -> None:
+    """What a ``%%ddp_exec`` cell shows after its ranks' own output: each rank's value as ``[rank r] Out: ...``,
+    each failed rank's traceback. Then the cell fails as its ranks did: ``KeyboardInterrupt`` after an interrupt,
+    else the first failed rank's :class:`~flair_nbddp.WorkerError`.
+
+    Example:
+        >>> from flair_nbddp.interactive import RankResult
+        >>> show_rank_results([RankResult(0, True, 42), RankResult(1, True, None), RankResult(2, False)])
+        [rank 0] Out: 42
+    """
+    failed = [result for result in results if result.error is not None]
+    interrupted = any(result.error.exc_type == "KeyboardInterrupt" for result in failed)
+    for result in results:
+        if result.ok and result.value is not None:
+            first, *rest = repr(result.value).splitlines() or [""]
+            print("\n".join([f"[rank {result.rank}] Out: {first}", *(f"[rank {result.rank}]      {line}" for line in rest)]))
+        elif result.error is not None and (interrupted or result is not failed[0]):
+            where = result.error.remote_traceback.rstrip().splitlines()
+            if interrupted:  # where each rank was: its innermost frame and its line, then the exception
+                last_frame = max((i for i, text in enumerate(where) if text.lstrip().startswith("File ")), default=0)
+                where = [*where[last_frame : last_frame + 2], where[-1]]
+            print("\n".join(f"[rank {result.rank}] {line}" for line in where), flush=True)
+    if interrupted:
+        raise KeyboardInterrupt("the cell was interrupted on every rank; the namespaces are kept")
+    if failed:
+        raise failed[0].error
 
 
 def _unshippable(shipped: dict) -> str | None:
@@ -219,10 +250,91 @@ class DdpMagics(Magics):
             self.shell.user_ns[options.out] = result.value
         return result.value
 
+    @no_var_expand
+    @magic_arguments()
+    @argument("--rank", type=int, default=None, metavar="R", help="run the cell on rank R only")
+    @argument("--ranks", default=None, metavar="0,2", help="run the cell on these ranks only")
+    @argument("--out", default=None, metavar="NAME", help="store every rank's value in this variable, as a list")
+    @argument("--reset", action="store_true", help="empty every rank's namespace first (%%ddp_exec --reset: only that)")
+    @argument("--timeout", type=float, default=None, metavar="S", help="end the cell's run after S seconds")
+    @argument(
+        "--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT, metavar="S",
+        help=f"seconds an interrupted cell may take to return on every rank before the workers are ended "
+        f"(default {DEFAULT_STOP_TIMEOUT:g})",
+    )  # fmt: skip
+    @argument(
+        "--hang-timeout", type=float, default=DEFAULT_HANG_TIMEOUT, metavar="S",
+        help=f"end the workers after S seconds without progress on any rank, showing their stacks; 0: off "
+        f"(default {DEFAULT_HANG_TIMEOUT:g})",
+    )  # fmt: skip
+    @line_cell_magic
+    def ddp_exec(self, line: str, cell: str | None = None):
+        """Run the cell on every rank of the warm pool (started on first use), in a namespace each rank keeps.
+
+        ``rank``, ``world_size`` and ``device`` are defined and the process group is up; names the cell reads
+        from the notebook are shipped as ``%%ddp_train`` ships them, except those earlier ``%%ddp_exec`` cells
+        bound (the ranks hold their own). Each rank's output shows as it comes, prefixed ``[rank r]``, and each
+        rank's last value as ``[rank r] Out: ...``. An exception on a rank shows its traceback and leaves the
+        namespaces as they are; an interrupt raises ``KeyboardInterrupt`` in every rank's cell.
+        ``%ddp_exec --reset`` empties the namespaces; so does ``%ddp_pool restart``.
+        """
+        options = parse_argstring(self.ddp_exec, line)
+        if cell is None and not options.reset:
+            raise UsageError("%ddp_exec on a line takes --reset (empty every rank's namespace); %%ddp_exec runs a cell")
+        if options.out is not None and not options.out.isidentifier():
+            raise UsageError(f"--out {options.out!r} is not a valid variable name")
+        if options.rank is not None and options.ranks is not None:
+            raise UsageError("give --rank R or --ranks 0,2, not both")
+        if cell is None and current_pool() is None:
+            print("no pool is started: there is no namespace to empty")
+            return
+        pool = current_pool() or self._new_pool(for_exec=True)
+        chosen = [options.rank] if options.rank is not None else gpu_list(options.ranks, "--ranks")
+        try:
+            ranks = check_ranks(chosen, pool.plan.world_size)
+        except ConfigurationError as error:
+            raise UsageError(str(error)) from None
+        source = plain_python(cell or "", self.shell.transform_cell)
+        held = {*PREDEFINED, *(() if options.reset else pool.exec_names)}
+        shipped, notes = use_pool_copies(_check_names(source, self.shell.user_ns, held), pool)
+        for note in notes:
+            print(f"flair_nbddp: {note}", flush=True)
+        if ranks is not None and len(ranks) < pool.plan.world_size:
+            print(f"flair_nbddp: the cell runs on rank(s) {', '.join(map(str, ranks))} only: a collective in it "
+                  "would wait forever for the other ranks (interrupt to end it)", flush=True)  # fmt: skip
+        try:
+            results = pool.exec(
+                source, ranks, variables=shipped, reset=options.reset, timeout=options.timeout,
+                stop_timeout=options.stop_timeout, hang_timeout=options.hang_timeout or None,
+                provenance=Provenance("%%ddp_exec", name="%%ddp_exec", source=cell or "", params={"variables": shipped},
+                                      options={"line": line.strip()}),
+            )  # fmt: skip
+        except ShippingError as error:
+            raise UsageError(_unshippable(shipped) or str(error)) from None
+        if options.out:
+            self.shell.user_ns[options.out] = [result.value for result in results]
+        show_rank_results(results)
+
+    @staticmethod
+    def _new_pool(
+        processes: int | None = None, device: str | None = None, gpus: str | None = None, for_exec: bool = False
+    ) -> WorkerPool:
+        """A new current pool (its workers start with its first job, or at ``warm_up``)."""
+        try:
+            pool = WorkerPool(processes, device, gpus=gpu_list(gpus))
+        except (ConfigurationError, UnsupportedPlatformError) as error:
+            raise UsageError(str(error)) from None
+        set_current_pool(pool)
+        if for_exec:
+            print(f"flair_nbddp: started a warm pool for %%ddp_exec: {pool.status()}; '%ddp_pool stop' ends it, and "
+                  "%%ddp_train cells run on it too (their --processes/--device must match it)")  # fmt: skip
+        return pool
+
     @magic_arguments()
     @argument(
-        "action", choices=["start", "stop", "status", "put", "release"],
-        help="start warm workers, end them, describe them, put notebook variables in them, or release those",
+        "action", choices=["start", "stop", "restart", "status", "put", "release"],
+        help="start warm workers, end them, replace them (emptying %%ddp_exec namespaces), describe them, put "
+        "notebook variables in them, or release those",
     )  # fmt: skip
     @argument("targets", nargs="*", help="with start: number of workers; with put/release: variable names")
     @argument("--device", choices=["cpu", "cuda"], default=None, help="with start: default cuda when available")
@@ -245,13 +357,14 @@ class DdpMagics(Magics):
             if len(options.targets) > 1 or not all(target.isdigit() for target in options.targets):
                 raise UsageError(f"'%ddp_pool start' takes a number of workers, not {' '.join(options.targets)!r}")
             processes = int(options.targets[0]) if options.targets else None
-            try:
-                pool = WorkerPool(processes, options.device, gpus=gpu_list(options.gpus))
-            except (ConfigurationError, UnsupportedPlatformError) as error:
-                raise UsageError(str(error)) from None
+            pool = self._new_pool(processes, options.device, options.gpus)
             pool.warm_up()
-            set_current_pool(pool)
             print(pool.status())
+        elif options.action == "restart":
+            if pool is None:
+                raise UsageError("no pool is started: '%ddp_pool start [N]' starts one")
+            pool.restart()
+            print("the pool's next job starts on fresh workers: every %%ddp_exec namespace is empty")
         elif options.action == "stop":
             if pool is None:
                 print("no pool is started")

@@ -374,11 +374,21 @@ def read_result(path: str | os.PathLike) -> Any:
     return _load_file(path, _MODELS_TO_NOTEBOOK, True)
 
 
+def read_value(data: bytes) -> Any:
+    """Unpack a value a worker packed with :func:`dumps` (a rank's value of a ``%%ddp_exec`` cell) in the
+    notebook: flair models in it arrive on CPU, as in :func:`read_result`."""
+    return _with_flag(_MODELS_TO_NOTEBOOK, True, lambda: cloudpickle.loads(data))
+
+
 def _load_file(path: str | os.PathLike, flag: threading.local, active: bool) -> Any:
     """Unpack the file at ``path`` with ``flag.active`` set to ``active`` meanwhile (read by the rebuilders)."""
+    with open(path, "rb") as handle:
+        return _with_flag(flag, active, lambda: cloudpickle.load(handle))
+
+
+def _with_flag(flag: threading.local, active: bool, load: Callable[[], Any]) -> Any:
     flag.active = active
     try:
-        with open(path, "rb") as handle:
-            return cloudpickle.load(handle)
+        return load()
     finally:
         flag.active = False

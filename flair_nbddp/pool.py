@@ -26,16 +26,37 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from . import api
+from . import api, interactive
 from .devices import DevicePlan, resolve_devices
-from .errors import PoolClosedError
+from .errors import ConfigurationError, PoolClosedError, RunActiveError
 from .events import Job
 from .group import WorkerGroup
+from .interactive import RankResult
+from .provenance import Provenance
 from .result import RunResult
+from .run import Run, runs
 from .rundir import RunDir
 from .shared import PoolRef
 
 _CURRENT: WorkerPool | None = None
+
+
+def check_ranks(ranks: Sequence[int] | None, world_size: int) -> tuple[int, ...] | None:
+    """``ranks`` as a sorted tuple (None: every rank), checked against the pool's ``world_size``.
+
+    Example:
+        >>> check_ranks([1, 0, 1], 2), check_ranks(None, 2)
+        ((0, 1), None)
+    """
+    if ranks is None:
+        return None
+    chosen = tuple(sorted(set(int(rank) for rank in ranks)))
+    wrong = [rank for rank in chosen if not 0 <= rank < world_size]
+    if wrong or not chosen:
+        raise ConfigurationError(
+            f"ranks {list(ranks)}: the pool has ranks 0 to {world_size - 1}; name one or more of them, or none for all"
+        )
+    return chosen
 
 
 class WorkerPool:
@@ -76,6 +97,8 @@ class WorkerPool:
         self.home = RunDir.create(run_dir, prefix="pool-")
         self.jobs_run = 0
         self.recycled = 0
+        self.exec_names: set[str] = set()  # what every rank's exec namespace holds (a cell reads it there)
+        self._lost_names: set[str] = set()  # what namespaces ended since the last recycle held
         self.notes: list[str] = []  # what the pool did on its own (recycling), newest last
         self._refs: weakref.WeakValueDictionary[str, PoolRef] = weakref.WeakValueDictionary()  # what put() packed
         self.named: dict[str, PoolRef] = {}  # notebook variables put with '%ddp_pool put NAME'
@@ -114,7 +137,11 @@ class WorkerPool:
             if group is not None and reason is not None:
                 group.close(grace=1.0)
                 self.recycled += 1
-                self._note(f"recycled the pool's workers ({reason}); this job starts on fresh ones")
+                self._forget_namespaces()
+                lost = f", their %%ddp_exec namespaces empty ({', '.join(sorted(self._lost_names))} gone)"
+                self._note(f"recycled the pool's workers ({reason}); this job starts on fresh ones" + (
+                    lost if self._lost_names else ""))  # fmt: skip
+                self._lost_names = set()
                 self._group = None
             self._needs_recycle = None
             if self._group is None:
@@ -136,12 +163,18 @@ class WorkerPool:
         with self._lock:
             if not clean:
                 self._needs_recycle = f"the last job {reason}"
+                self._forget_namespaces()  # the workers are ended: their namespaces with them
                 if self._group is not None:
                     self._group.terminate()
             # the job is over, and the next cannot start before this returns: no job can read these any more
             self._unlink([*self._unlink_after_job, *self._unlink_later])
             self._unlink_after_job = []
             self._unlink_later.clear()
+
+    def _forget_namespaces(self) -> None:
+        """The workers' exec namespaces are going: what they held is said at the recycle."""
+        self._lost_names |= self.exec_names
+        self.exec_names = set()
 
     @staticmethod
     def _unlink(paths: list[Path]) -> None:
@@ -160,6 +193,84 @@ class WorkerPool:
     def launch_distributed(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         """:func:`flair_nbddp.launch_distributed` on the pool's workers: rank 0's return value."""
         return self.launch(fn, args, kwargs).value
+
+    def exec(
+        self, code: str | Callable[[], Any], ranks: Sequence[int] | None = None, *, variables: dict | None = None,
+        reset: bool = False, **options: Any,
+    ) -> list[RankResult]:  # fmt: skip
+        """Run ``code`` on the ranks of this pool, each in a namespace it keeps from one ``exec`` to the next.
+
+        ``code`` is a cell's source (the value of its last expression comes back) or a function called with no
+        arguments (its return value comes back; it sees its own globals, not the namespace). Every rank's namespace holds ``rank``, ``world_size`` and
+        ``device``, and the process group is up (collectives work when every rank runs the code). What
+        ``%%ddp_train`` and :meth:`launch` run does not see these namespaces; :meth:`restart` or ``reset=True``
+        empties them. Each rank's output is shown as it comes, every line prefixed ``[rank r]``.
+
+        An exception on a rank comes back as that rank's ``error`` and leaves the workers and their namespaces
+        as they are. An interrupt raises ``KeyboardInterrupt`` inside every rank's code (their ``error``); when
+        not every rank returns within ``stop_timeout`` (one blocked in a collective), every worker is ended, the
+        pool says so, ``exec`` raises ``KeyboardInterrupt``, and the next job starts on fresh workers.
+
+        Args:
+            code: a cell's source, or a function.
+            ranks: run only on these ranks (the others return at once: collectives would hang).
+            variables: names put in every rank's namespace first (shipped as ``launch`` ships arguments).
+            reset: empty the namespaces first.
+            options: ``timeout``, ``stop_timeout``, ``hang_timeout``, ``seed``, ``provenance`` as for ``launch``.
+
+        Raises:
+            ConfigurationError: a rank that the pool does not have.
+            ShippingError: ``code`` or a variable cannot be sent to the workers (nothing ran).
+            RunActiveError: another run of this kernel is active.
+            KeyboardInterrupt: interrupted, and not every rank returned within ``stop_timeout`` (every worker was
+                ended). On GPUs (NCCL) the workers are replaced after any interrupted cell, with a note: a
+                collective may be left queued on some ranks.
+            WorkerError, RunHangError, RunTimeoutError: a worker died, hung or ran out of time (the pool then
+                starts its next job on fresh workers).
+
+        Example::
+
+            pool.exec("import torch; total = torch.tensor([rank])")
+            [result.value for result in pool.exec("int(total)")]      # [0, 1]
+        """
+        chosen = check_ranks(ranks, self.plan.world_size)
+        options.setdefault("provenance", Provenance("exec", name=getattr(code, "__name__", "exec")))
+        args = (code, dict(variables or {}), chosen, reset)
+        run = Run(
+            interactive.exec_cell, args, {}, self, output="all", stop_recycles=False,
+            stop_notice="interrupting the code on every rank (KeyboardInterrupt)", **options,
+        )  # fmt: skip
+        result = api.watch(run, dashboard=False)
+        if result.value is None:  # stopped, and not every rank came back within the stop timeout: all were ended
+            self._note(
+                f"not every rank returned within stop_timeout={run.limits.stop_timeout:g} s of the interrupt (one may "
+                "wait in a collective): every worker was ended; the next job starts on fresh ones, namespaces empty"
+            )
+            raise KeyboardInterrupt("the code was interrupted and its workers ended")
+        self.exec_names = interactive.names_held(result.value)
+        results = interactive.results_of(result.value)
+        interrupted = any(result.error is not None and result.error.exc_type == "KeyboardInterrupt" for result in results)
+        if interrupted and self.plan.backend == "nccl":
+            self._note(
+                "on GPUs an interrupted cell may leave a collective queued on some ranks, which would pair with the "
+                "next job's: the workers are replaced before it (namespaces empty)"
+            )
+            self.restart()
+        return results
+
+    def restart(self) -> None:
+        """Replace the workers with fresh ones before the next job (their ``exec`` namespaces go with them).
+
+        Raises:
+            RunActiveError: a run on this pool is still active (stop it first).
+        """
+        if any(run.active and run.source is self for run in runs()):
+            raise RunActiveError("a run on this pool is still active: stop it (or wait for it) before restarting the pool")
+        with self._lock:
+            self._needs_recycle = "it was restarted"
+            self._forget_namespaces()
+            if self._group is not None:
+                self._group.terminate()
 
     def put(self, obj: Any) -> PoolRef:
         """Pack ``obj`` (a corpus, or any large argument) once for every later job on this pool.

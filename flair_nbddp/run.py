@@ -111,6 +111,10 @@ class Run:
             :func:`flair_nbddp.launch`.
         provenance: how the run was asked for, as the run ledger records it (:mod:`~flair_nbddp.recorder`);
             default: a call of ``fn``.
+        stop_recycles: a stopped run's workers are replaced before a pool's next job (flair's training may
+            leave state behind). False: a run whose every rank returned after the stop leaves them as they
+            are (``%%ddp_exec``, whose ranks keep their namespaces).
+        stop_notice: what an interrupt's graceful stop says it does.
 
     Raises:
         NotCallableError: ``fn`` is not callable.
@@ -133,6 +137,8 @@ class Run:
         lazy_corpus: bool = True,
         output: str = "rank0",
         provenance: Provenance | None = None,
+        stop_recycles: bool = True,
+        stop_notice: str = "stopping after the current batch on every rank and saving the model",
     ) -> None:
         if not callable(fn):
             raise NotCallableError(f"fn must be callable (a function to run on every rank), not {type(fn).__name__}")
@@ -155,6 +161,7 @@ class Run:
         self._acquiring = False
         self._finishing = threading.Lock()
         self._recorder = RunRecorder(provenance, Ledger.default())
+        self.stop_recycles, self.stop_notice = stop_recycles, stop_notice
 
     @property
     def record_id(self) -> int | None:
@@ -317,7 +324,8 @@ class Run:
             )
         finally:  # even if interrupted here, the run ends and its ranks go back to their source, once
             self.state.end("failed" if error else "stopped" if stopped else "finished")
-            self._release(clean=error is None and not stopped)
+            returned = supervisor.ended_by is None  # every rank came back from the job on its own
+            self._release(clean=error is None and (not stopped or not self.stop_recycles and returned))
         result = RunResult.from_run(self, value, error)
         if error is not None:
             error.result = result
@@ -357,11 +365,7 @@ def wait_for_end(
             return
         except KeyboardInterrupt:
             if not run.state.stop_requested:
-                print(
-                    "flair_nbddp: stopping after the current batch on every rank and saving the model "
-                    "(interrupt again to end the workers now)",
-                    flush=True,
-                )
+                print(f"flair_nbddp: {run.stop_notice} (interrupt again to end the workers now)", flush=True)
                 run.stop()
                 continue
             run.kill()

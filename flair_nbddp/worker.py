@@ -37,7 +37,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable
 
-from . import distributed_eval, lazy_corpus, payload, shared
+from . import distributed_eval, interactive, lazy_corpus, payload, shared
 from .counters import TrainingCounters
 from .errors import HealthCheckError
 from .events import (
@@ -122,6 +122,7 @@ def _listen_to_parent(sender: EventSender, jobs: queue.Queue) -> None:
                 message = sender.connection.recv()
                 if message == STOP:
                     STOP_REQUESTED.set()
+                    interactive.interrupt_cell()  # a %%ddp_exec cell running: KeyboardInterrupt inside it
                 elif message == EXIT:
                     jobs.put(None)
                 else:  # a new job: a STOP for it can only come after it, even one sent during set-up
@@ -373,6 +374,7 @@ def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) ->
         _check_health(spec.world_size, vitals.device)
         sender.send(Started(rank, os.getpid(), str(vitals.device)))
         _seed_everything(job.seed)
+        interactive.begin_job(rank, spec.world_size, vitals.device, vitals.store, job.key)
         distributed_eval.start_job(f"flair_nbddp/{job.key}", job.distributed_eval)
         try:
             value = fn(*args, **kwargs)
@@ -441,6 +443,7 @@ def main() -> None:
     vitals = _Vitals()
     _start_heartbeat(sender, spec.rank, vitals)
     sys.path[:0] = [entry for entry in spec.sys_path if entry not in sys.path]  # notebook-local modules import
+    interactive.install_interrupts()  # a STOP interrupts a %%ddp_exec cell, and nothing else
     try:
         # private like every file of the run; stays open for faulthandler until exit
         stacks = os.fdopen(os.open(spec.stacks, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")
