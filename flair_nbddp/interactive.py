@@ -180,6 +180,11 @@ class RankResult:
         """The cell ran on this rank without raising."""
         return self.ran and self.error is None
 
+    @property
+    def interrupted(self) -> bool:
+        """An interrupt stopped the cell on this rank (its ``error`` is a ``KeyboardInterrupt``)."""
+        return self.error is not None and self.error.exc_type == "KeyboardInterrupt"
+
 
 def results_of(outcomes: list[RankOutcome]) -> list[RankResult]:
     """The notebook's view of the outcomes rank 0 gathered: values unpacked, errors as WorkerErrors."""

@@ -97,6 +97,18 @@ def _check_names(cell: str, namespace: dict, held: Collection[str] = ()) -> dict
     return shipped
 
 
+def _ship(cell: str, namespace: dict, pool: WorkerPool | None, held: Collection[str] = ()) -> dict:
+    """The notebook variables a cell ships (:func:`_check_names`), the pool's copies in place of those put on it,
+    saying which (:func:`use_pool_copies`)."""
+    shipped = _check_names(cell, namespace, held)
+    if pool is None:
+        return shipped
+    shipped, notes = use_pool_copies(shipped, pool)
+    for note in notes:
+        print(f"flair_nbddp: {note}", flush=True)
+    return shipped
+
+
 def use_pool_copies(shipped: dict, pool: WorkerPool) -> tuple[dict, list[str]]:
     """Replace each shipped variable put with ``%ddp_pool put`` by the pool's copy, where it is still the object
     put with the same splits; say what was used and what was packed again.
@@ -143,7 +155,7 @@ def show_rank_results(results: list[RankResult]) -> None:
         [rank 0] Out: 42
     """
     failed = [result for result in results if result.error is not None]
-    interrupted = any(result.error.exc_type == "KeyboardInterrupt" for result in failed)
+    interrupted = any(result.interrupted for result in results)
     for result in results:
         if result.ok and result.value is not None:
             first, *rest = repr(result.value).splitlines() or [""]
@@ -215,12 +227,8 @@ class DdpMagics(Magics):
         if options.out is not None and not options.out.isidentifier():
             raise UsageError(f"--out {options.out!r} is not a valid variable name")
         source = plain_python(cell, self.shell.transform_cell)
-        shipped = _check_names(source, self.shell.user_ns)
         pool = current_pool()
-        if pool is not None:
-            shipped, notes = use_pool_copies(shipped, pool)
-            for note in notes:
-                print(f"flair_nbddp: {note}", flush=True)
+        shipped = _ship(source, self.shell.user_ns, pool)
         try:
             result = launch(
                 execute_cell,
@@ -296,9 +304,7 @@ class DdpMagics(Magics):
             raise UsageError(str(error)) from None
         source = plain_python(cell or "", self.shell.transform_cell)
         held = {*PREDEFINED, *(() if options.reset else pool.exec_names)}
-        shipped, notes = use_pool_copies(_check_names(source, self.shell.user_ns, held), pool)
-        for note in notes:
-            print(f"flair_nbddp: {note}", flush=True)
+        shipped = _ship(source, self.shell.user_ns, pool, held)
         if ranks is not None and len(ranks) < pool.plan.world_size:
             print(f"flair_nbddp: the cell runs on rank(s) {', '.join(map(str, ranks))} only: a collective in it "
                   "would wait forever for the other ranks (interrupt to end it)", flush=True)  # fmt: skip

@@ -249,8 +249,7 @@ class WorkerPool:
             raise KeyboardInterrupt("the code was interrupted and its workers ended")
         self.exec_names = interactive.names_held(result.value)
         results = interactive.results_of(result.value)
-        interrupted = any(result.error is not None and result.error.exc_type == "KeyboardInterrupt" for result in results)
-        if interrupted and self.plan.backend == "nccl":
+        if any(result.interrupted for result in results) and self.plan.backend == "nccl":
             self._note(
                 "on GPUs an interrupted cell may leave a collective queued on some ranks, which would pair with the "
                 "next job's: the workers are replaced before it (namespaces empty)"

@@ -63,12 +63,18 @@ def sizes(obj: Any) -> dict[str, int]:
         ({'len': 3}, {})
     """
     if all(hasattr(obj, split) for split in ("train", "dev", "test")):
-        return {split: _length(getattr(obj, split)) for split in ("train", "dev", "test")}
-    length = _length(obj)
-    return {} if length is None and not isinstance(obj, (str, bytes)) else {"len": length}
+        return {split: length(getattr(obj, split)) for split in ("train", "dev", "test")}
+    size = length(obj)
+    return {} if size is None and not isinstance(obj, (str, bytes)) else {"len": size}
 
 
-def _length(obj: Any) -> int | None:
+def length(obj: Any) -> int | None:
+    """``len(obj)``; 0 for None, None for an object without a length.
+
+    Example:
+        >>> length([1, 2]), length(None), length(3)
+        (2, 0, None)
+    """
     try:
         return 0 if obj is None else len(obj)
     except TypeError:

@@ -35,7 +35,7 @@ from typing import Any
 
 from . import payload
 from .errors import CorpusMismatchError, PoolRefError
-from .provenance import sizes
+from .provenance import length, sizes
 
 _WORKER_COPIES: dict[str, bytes] = {}  # in a worker: the bytes of each ref it has read, by ref id
 
@@ -47,7 +47,7 @@ def _shape(obj: Any) -> tuple | None:
     if all(hasattr(obj, split) for split in ("train", "dev", "test")):
         parts += [obj.train, obj.dev, obj.test]
     try:
-        return tuple((None, None) if part is None else (weakref.ref(part), _length(part)) for part in parts)
+        return tuple((None, None) if part is None else (weakref.ref(part), length(part)) for part in parts)
     except TypeError:
         return None
 
@@ -61,13 +61,6 @@ def trackable(obj: Any) -> bool:
         (True, False)
     """
     return _shape(obj) is not None
-
-
-def _length(obj: Any) -> int | None:
-    try:
-        return len(obj)
-    except TypeError:
-        return None
 
 
 class PoolRef:
