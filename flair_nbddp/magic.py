@@ -280,8 +280,8 @@ class DdpMagics(Magics):
         """Run the cell on every rank of the warm pool (started on first use), in a namespace each rank keeps.
 
         ``rank``, ``world_size`` and ``device`` are defined and the process group is up; names the cell reads
-        from the notebook are shipped as ``%%ddp_train`` ships them, except those earlier ``%%ddp_exec`` cells
-        bound (the ranks hold their own). Each rank's output shows as it comes, prefixed ``[rank r]``, and each
+        from the notebook are shipped as ``%%ddp_train`` ships them, except those every rank's namespace already
+        holds (bound by earlier ``%%ddp_exec`` cells: the ranks' own are used). Each rank's output shows as it comes, prefixed ``[rank r]``, and each
         rank's last value as ``[rank r] Out: ...``. An exception on a rank shows its traceback and leaves the
         namespaces as they are; an interrupt raises ``KeyboardInterrupt`` in every rank's cell.
         ``%ddp_exec --reset`` empties the namespaces; so does ``%ddp_pool restart``.
