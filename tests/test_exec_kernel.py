@@ -76,6 +76,7 @@ def test_an_interrupt_raises_keyboard_interrupt_in_every_ranks_cell_and_keeps_th
     msg_id = kernel.submit("%%ddp_exec\nimport time\nprint('looping', flush=True)\nwhile True:\n"
                            "    counter += 1\n    time.sleep(0.01)")  # fmt: skip
     kernel.collect(msg_id, timeout=60, until=lambda: kernel._results[msg_id].stdout.count("looping") >= 2)
+    time.sleep(1.0)  # let the loops count: on a busy machine the interrupt could otherwise come within ten ticks
     kernel.interrupt()
     interrupted = kernel.collect(msg_id, timeout=60)
     assert interrupted.error["ename"] == "KeyboardInterrupt"
