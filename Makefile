@@ -1,7 +1,7 @@
 # The two set-up commands of the README. Each creates .venv/ on first use.
 #   make demo   - the main job: train a text classifier on every device (CPU processes without a GPU)
 #   make test   - the test suite (what CI runs through .ci/run)
-# and for the inner loop: make test-fast - the fast tier (no processes, kernels or browser) and the doctests
+# and for the inner loop: make test-fast - the fast tier (no processes, kernels, browser or cluster) and the doctests
 VENV        := .venv
 PY          := $(VENV)/bin/python
 # torch first, only when .venv has none, as `pip install $(TORCH)`: pip takes it from its index (PyPI's Linux
@@ -28,4 +28,4 @@ test: venv
 	$(PY) -m pytest -q
 
 test-fast: venv
-	$(PY) -m pytest -q -m "not process and not kernel and not browser"
+	$(PY) -m pytest -q -m "not process and not kernel and not browser and not cluster"

@@ -24,7 +24,10 @@ collects them, prints a table and writes every figure with the machine, versions
   ``ledger_cost.py``;
 * ``eval_speedup``: one dev evaluation with the whole split on every rank / with each rank's share (>= 1.6 on
   2 ranks); on the GPU also ``world_size_1_ratio``, the same on one process, where nothing is shared (no
-  slower: >= 0.98, the noise of these timings).
+  slower: >= 0.98, the noise of these timings);
+* ``cluster_vs_local_throughput``: samples/s of the same ranks on a warm ``WorkerPool(cluster=...)`` (a
+  ``LocalCluster`` on loopback) / on a warm local pool (>= 0.95), with time to the first batch cold and warm
+  there, and the shipping time as the payload grows: ``cluster.py``.
 
 The ``warm_start`` part takes a warm pool's path to the first batch apart (pack, unpack, the rest).
 
@@ -64,6 +67,7 @@ TARGETS = {
     "world_size_1_ratio": (">=", 0.98),  # "no slower": 1.0 within the 2 % these timings vary by
     "ledger_throughput_ratio": (">=", 0.98),
     "ledger_100k_rows_s": ("<=", 1.0),
+    "cluster_vs_local_throughput": (">=", 0.95),
 }
 
 
@@ -142,7 +146,9 @@ def versions() -> dict:
     }
 
 
-PARTS = ("throughput", "dashboard", "shipping", "first_batch", "warm_start", "eval", "chatty", "big_corpus", "ledger")
+PARTS = (
+    "throughput", "dashboard", "shipping", "first_batch", "warm_start", "eval", "chatty", "big_corpus", "ledger", "cluster",
+)
 
 
 def names_list(known: tuple[str, ...], option: str) -> Callable[[str], list[str]]:
@@ -179,6 +185,12 @@ def run_part(part: str, args: argparse.Namespace, figures: dict, save: Callable[
         figures |= script("big_corpus", "--device", args.device, "--size", size, *(["--quick"] if args.quick else []))
     elif part == "ledger":
         figures |= script("ledger_cost", "--device", args.device, "--size", size, *(["--quick"] if args.quick else []))
+    elif part == "cluster":
+        processes = "2" if args.device == "cpu" else str(gpu_count())
+        measured = script("cluster", "--device", args.device, "--size", size, "--processes", processes,
+                          *(["--quick"] if args.quick else []))
+        figures["cluster"] = measured
+        figures["cluster_vs_local_throughput"] = measured["cluster_vs_local_throughput"]
     elif part == "warm_start":
         figures["warm_start"] = script("warm_start", "--device", args.device, "--size", size,
                                        "--docs", "2000" if args.quick else "4000")

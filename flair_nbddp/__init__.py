@@ -1,4 +1,4 @@
-"""flair_nbddp: train Flair models on every GPU of one machine, from a Jupyter notebook.
+"""flair_nbddp: train Flair models on every GPU of one machine (or of a Dask cluster), from a Jupyter notebook.
 
 Example::
 
@@ -13,6 +13,7 @@ __version__ = "0.1.0"  # first: modules imported below read it
 from .api import launch, launch_distributed, start
 from .compare import compare
 from .errors import (
+    ClusterError,
     ConfigurationError,
     CorpusMismatchError,
     DashboardUnavailableError,
@@ -46,6 +47,7 @@ from .shared import PoolRef
 from .tensorboard_export import export_tensorboard
 
 __all__ = [
+    "ClusterError",
     "ConfigurationError",
     "CorpusMismatchError",
     "DashboardUnavailableError",

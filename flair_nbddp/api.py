@@ -14,22 +14,47 @@ from typing import Any, Callable
 
 from .dashboard import open_view
 from .devices import resolve_devices
-from .errors import DeviceError
+from .errors import ConfigurationError, DeviceError
 from .provenance import Provenance
 from .result import RunResult
 from .run import DEFAULT_HANG_TIMEOUT, DEFAULT_STOP_TIMEOUT, Run
 from .sources import ColdWorkers, WorkerSource
 
 
+def cold_source(
+    processes: int | None, device: str | None, gpus: Sequence[int] | None, cluster: Any = None
+) -> ColdWorkers:
+    """New workers for one run: on this machine, or one rank per Dask worker of ``cluster`` (a
+    ``distributed.Client`` or a scheduler address; see :mod:`flair_nbddp.cluster`)."""
+    if cluster is None:
+        return ColdWorkers(resolve_devices(device, processes, gpus))
+    from .cluster import connect, place
+    from .cluster_group import cluster_group_factory
+
+    if gpus is not None:
+        raise ConfigurationError(
+            "gpus= picks GPUs of this machine; on a cluster every Dask worker with a GPU runs one rank: leave gpus "
+            "out (processes= says how many)"
+        )
+    client = connect(cluster)
+    placement = place(client, processes, device)
+    return ColdWorkers(placement.plan, cluster_group_factory(client, placement), f" {placement.describe()}")
+
+
 def _build(
     fn: Callable, args: tuple, kwargs: dict | None, processes: int | None, device: str | None,
-    gpus: Sequence[int] | None, pool: WorkerSource | None, **run_options: Any,
+    gpus: Sequence[int] | None, pool: WorkerSource | None, cluster: Any = None, **run_options: Any,
 ) -> Run:  # fmt: skip
     """A run, not started yet, on ``pool`` (checked against ``processes``/``device``/``gpus``) or on cold
-    workers; ``run_options`` are :class:`Run`'s (seed, timeout, stop_timeout, hang_timeout, run_dir,
-    distributed_eval, lazy_corpus, output, provenance)."""
+    workers, of this machine or of ``cluster``; ``run_options`` are :class:`Run`'s (seed, timeout, stop_timeout,
+    hang_timeout, run_dir, distributed_eval, lazy_corpus, output, provenance)."""
+    if pool is not None and cluster is not None:
+        raise ConfigurationError(
+            "pool= and cluster= both say where to run: a pool made with WorkerPool(cluster=...) runs on its cluster "
+            "already, so pass only pool=, or only cluster= for new workers"
+        )
     if pool is None:
-        source: WorkerSource = ColdWorkers(resolve_devices(device, processes, gpus))
+        source: WorkerSource = cold_source(processes, device, gpus, cluster)
     else:
         mismatch = pool.plan.mismatch(processes, device, gpus)
         if mismatch:
@@ -59,6 +84,7 @@ def start(
     lazy_corpus: bool = True,
     output: str = "rank0",
     provenance: Provenance | None = None,
+    cluster: Any = None,
 ) -> Run:
     """Start ``fn(*args, **kwargs)`` on every device and return the running :class:`~flair_nbddp.Run` at once.
 
@@ -74,7 +100,7 @@ def start(
         run.wait().status  # 'stopped'
     """
     return _build(
-        fn, args, kwargs, processes, device, gpus, pool, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
+        fn, args, kwargs, processes, device, gpus, pool, cluster, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
         hang_timeout=hang_timeout, run_dir=run_dir, distributed_eval=distributed_eval, lazy_corpus=lazy_corpus,
         output=output, provenance=provenance or Provenance("start"),
     ).start()  # fmt: skip
@@ -99,6 +125,7 @@ def launch(
     lazy_corpus: bool = True,
     output: str = "rank0",
     provenance: Provenance | None = None,
+    cluster: Any = None,
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on one process per device and return a :class:`RunResult`.
 
@@ -148,12 +175,19 @@ def launch(
             (:class:`~flair_nbddp.provenance.Provenance`: the magic and the panel describe theirs); default a call
             of ``fn`` with its ``args`` and ``kwargs``. Every run is recorded (:func:`flair_nbddp.history`) unless
             ``$FLAIR_NBDDP_LEDGER`` is ``0``.
+        cluster: run on a Dask cluster instead of this machine: a ``distributed.Client`` (``LocalCluster``,
+            dask-jobqueue's ``SLURMCluster``/``PBSCluster``, dask-kubernetes, a Gateway, Coiled) or a scheduler
+            address. One rank per Dask worker with a GPU (NCCL), else per CPU worker (gloo); ``processes`` picks how
+            many. Everything else is as on one machine; events and results travel through the client's connection
+            to the scheduler (:mod:`flair_nbddp.cluster`).
 
     Raises:
         WorkerError: a rank failed (``.rank``, the remote traceback, ``.result`` with the logs).
         RunTimeoutError, RunHangError: the run exceeded ``timeout`` / made no progress.
         ShippingError: ``fn`` or an argument cannot be sent to the workers (names which one).
         DeviceError: impossible devices, GPUs or process counts, or ones a given ``pool`` does not have.
+        ClusterError: the cluster is unreachable, has too few workers for ``processes``, or its workers lack the
+            kit (the message says what it has).
         UnsupportedPlatformError: on Windows (the workers need POSIX).
         DashboardUnavailableError: ``dashboard=True`` outside a Jupyter kernel.
         RunActiveError: another run of this kernel is still active.
@@ -166,9 +200,10 @@ def launch(
             return trainer.train("out", max_epochs=2, multi_gpu=True)
         result = launch(train, args=(corpus,), processes=2)
         result.value["test_score"], result.world_size  # (0.91, 2)
+        result = launch(train, (corpus,), cluster=client)      # one rank per Dask worker of the cluster
     """
     run = _build(
-        fn, args, kwargs, processes, device, gpus, pool, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
+        fn, args, kwargs, processes, device, gpus, pool, cluster, seed=seed, timeout=timeout, stop_timeout=stop_timeout,
         hang_timeout=hang_timeout, run_dir=run_dir, distributed_eval=distributed_eval, lazy_corpus=lazy_corpus,
         output=output, provenance=provenance or Provenance("launch"),
     )  # fmt: skip
@@ -202,17 +237,19 @@ def watch(run: Run, dashboard: bool | None = None) -> RunResult:
     return result
 
 
-def launch_distributed(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+def launch_distributed(fn: Callable, *args: Any, cluster: Any = None, **kwargs: Any) -> Any:
     """Drop-in for ``flair.distributed_utils.launch_distributed``: run ``fn`` on every device, return rank 0's value.
 
     Unlike flair's, it works from a notebook, picks a free port, shows the run in the cell (the live
     dashboard in a notebook, rank 0's log and progress lines elsewhere), returns results of any size (a
     flair model arrives usable, on CPU), and raises :class:`WorkerError` as soon as a rank fails. Use
-    :func:`launch` for options and the full :class:`RunResult`.
+    :func:`launch` for options and the full :class:`RunResult`. ``cluster=`` (a ``distributed.Client`` or a
+    scheduler address) runs it on a Dask cluster, as :func:`launch` does; it is not passed on to ``fn``.
 
     Example::
 
         from flair_nbddp import launch_distributed
         scores = launch_distributed(train, corpus)
+        scores = launch_distributed(train, corpus, cluster=client)
     """
-    return launch(fn, args, kwargs).value
+    return launch(fn, args, kwargs, cluster=cluster).value

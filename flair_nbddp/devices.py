@@ -148,14 +148,16 @@ def visible_gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _env_device() -> str | None:
+def env_device() -> str | None:
+    """``$FLAIR_NBDDP_DEVICE`` (``cpu`` or ``cuda``), or None when unset."""
     value = os.environ.get(DEVICE_ENV, "").strip().lower()
     if value and value not in DEVICE_TYPES:
         raise DeviceError(f"{DEVICE_ENV}={value!r} is not understood: set it to 'cpu' or 'cuda', or unset it.")
     return value or None
 
 
-def _env_processes() -> int | None:
+def env_processes() -> int | None:
+    """``$FLAIR_NBDDP_PROCESSES`` (a positive integer), or None when unset."""
     value = os.environ.get(PROCESSES_ENV, "").strip()
     if not value:
         return None
@@ -218,9 +220,9 @@ def resolve_devices(
     if gpus is not None:
         chosen = _check_gpus(gpus, device, processes)
         return DevicePlan("cuda", len(chosen), "nccl", chosen)
-    device = device or _env_device()
+    device = device or env_device()
     if processes is None:
-        processes = _env_processes()
+        processes = env_processes()
     elif isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
         raise DeviceError(f"processes={processes!r} must be a positive integer (or None for every device).")
 
@@ -243,13 +245,14 @@ def resolve_devices(
     return DevicePlan("cpu", processes or DEFAULT_CPU_PROCESSES, "gloo")
 
 
-def rendezvous_socket() -> socket.socket:
-    """A listening TCP socket on 127.0.0.1 at a free port, for rank 0's rendezvous store.
+def rendezvous_socket(host: str = "127.0.0.1") -> socket.socket:
+    """A listening TCP socket on ``host`` (default 127.0.0.1) at a free port, for rank 0's rendezvous store.
 
-    Rank 0 inherits it (``TCPStore(master_listen_fd=...)``), so the store listens on loopback only and
-    no other process can take the port between choosing and binding it.
+    Rank 0 inherits it (``TCPStore(master_listen_fd=...)``), so the store listens on that address only
+    (loopback on one machine, a cluster worker's own address) and no other process can take the port between
+    choosing and binding it.
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((host, 0))
     sock.listen(128)
     return sock

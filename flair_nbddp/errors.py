@@ -66,6 +66,11 @@ class MissingDependencyError(FlairNbddpError, ImportError):
     """An optional package a feature needs is not installed; the message names the extra to install."""
 
 
+class ClusterError(FlairNbddpError, RuntimeError):
+    """A Dask cluster cannot take the run: unreachable, too few workers for the ranks asked, or workers
+    without the kit; the message says what the cluster has and what to change."""
+
+
 class UnsupportedPlatformError(FlairNbddpError, RuntimeError):
     """The workers need POSIX (process groups, ``SIGUSR1``, inherited descriptors): Windows is refused at launch."""
 

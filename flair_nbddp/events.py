@@ -36,12 +36,14 @@ class WorkerSpec:
     world_size: int
     device: str  # "cuda:<i>" or "cpu"
     backend: str  # "nccl" or "gloo"
-    port: int  # the rendezvous store's loopback port
+    port: int  # the rendezvous store's port
     listen_fd: int | None  # rank 0: the inherited listening socket its store serves on
     rendezvous_timeout: float
     stacks: str  # where SIGUSR1 dumps every thread's stack
     sys_path: tuple[str, ...]  # the parent's import path, so notebook-local modules import
     preload: tuple[str, ...] = ()  # modules to import while the parent packs the first job (cold workers)
+    host: str = "127.0.0.1"  # the rendezvous store's address: loopback, or rank 0's cluster worker's own address
+    shared_dir: str | None = None  # on a cluster: where this host keeps the objects put on the pool
 
 
 @dataclass(frozen=True)
@@ -72,10 +74,13 @@ class Event:
 
 @dataclass(frozen=True)
 class Started(Event):
-    """A rank took a job: its process group is up, the job's payload unpacked."""
+    """A rank took a job: its process group is up, the job's payload unpacked. On a cluster, ``worker`` is the
+    address of the Dask worker the rank runs under (filled in on the notebook's side)."""
 
     pid: int
     device: str
+    host: str = ""
+    worker: str = ""
 
 
 @dataclass(frozen=True)

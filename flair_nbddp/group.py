@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .devices import DevicePlan, rendezvous_socket
+from .errors import describe_exit
 from .events import EXIT, Job, WorkerSpec
 from .rundir import RunDir
 
@@ -37,6 +38,43 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 # not `python -m`, which puts the working directory first: a folder named flair_nbddp there (a checkout of
 # another version) would give the workers another kit than the notebook's
 _WORKER_COMMAND = f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); from flair_nbddp.worker import main; main()"
+
+
+def spawn_worker(
+    spec: WorkerSpec, env: dict[str, str | None], log: Path, started: list[subprocess.Popen]
+) -> Connection:
+    """Start one worker process for ``spec`` in a session of its own, with ``env`` over this process's
+    environment (a None value unsets that variable) and its output appended to ``log``; append the process to ``started`` at once, and
+    return the parent's end of the private socket pair it listens on (send it ``spec`` first). Rank 0 inherits
+    ``spec.listen_fd``, its store's socket.
+
+    Every descriptor and process is accounted for, even if an interrupt lands between two lines: an
+    interrupted spawn leaves no channel open, and a process that started is in ``started`` for the caller to end.
+    """
+    env = {name: value for name, value in {**os.environ, **env}.items() if value is not None}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
+    parent_end, child_end = socket.socketpair()
+    try:
+        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            started.append(subprocess.Popen(
+                [sys.executable, "-c", _WORKER_COMMAND, str(child_end.fileno())],
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=subprocess.STDOUT,
+                env=env,
+                pass_fds=[child_end.fileno()] + ([spec.listen_fd] if spec.listen_fd is not None else []),
+                start_new_session=True,
+            ))
+        finally:
+            os.close(log_fd)
+        connection = Connection(parent_end.detach())
+    except BaseException:
+        parent_end.close()  # a no-op once its descriptor went to the connection
+        raise
+    finally:
+        child_end.close()
+    return connection
 
 
 class WorkerGroup:
@@ -63,8 +101,6 @@ class WorkerGroup:
 
     def _spawn(self, rank: int, listener: socket.socket, preload: tuple[str, ...]) -> None:
         port = listener.getsockname()[1]
-        env = {**os.environ, **self.plan.rank_environment(rank, port)}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
         spec = WorkerSpec(
             rank=rank,
             world_size=self.plan.world_size,
@@ -77,30 +113,8 @@ class WorkerGroup:
             sys_path=tuple(entry for entry in sys.path if entry),
             preload=preload,
         )
-        # from here on every descriptor is accounted for, even if an interrupt lands between two lines
-        parent_end, child_end = socket.socketpair()
-        try:
-            log_fd = os.open(self.home.log(rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            try:
-                self.processes.append(
-                    subprocess.Popen(
-                        [sys.executable, "-c", _WORKER_COMMAND, str(child_end.fileno())],
-                        stdin=subprocess.DEVNULL,
-                        stdout=log_fd,
-                        stderr=subprocess.STDOUT,
-                        env=env,
-                        pass_fds=[child_end.fileno()] + ([listener.fileno()] if rank == 0 else []),
-                        start_new_session=True,
-                    )
-                )
-            finally:
-                os.close(log_fd)
-            self.connections.append(Connection(parent_end.detach()))
-        except BaseException:
-            parent_end.close()  # a no-op once its descriptor went to the connection
-            raise
-        finally:
-            child_end.close()
+        env = self.plan.rank_environment(rank, port)
+        self.connections.append(spawn_worker(spec, env, self.home.log(rank), self.processes))
         self.connections[-1].send(spec)
 
     # -- talking ----------------------------------------------------------------------------------
@@ -123,6 +137,10 @@ class WorkerGroup:
         with contextlib.suppress(subprocess.TimeoutExpired):
             return self.processes[rank].wait(timeout=timeout)
         return None
+
+    def describe_exit(self, rank: int, exit_code: int | None) -> str:
+        """What became of rank ``rank``'s process: ``"the worker process was killed by signal SIGKILL"``."""
+        return f"the worker process {describe_exit(exit_code)}"
 
     def collect_stacks(self) -> dict[int, str]:
         """Every rank's Python stacks (faulthandler on ``SIGUSR1``), read back from their stacks files."""

@@ -24,7 +24,9 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from .api import launch
 from .cell import execute_cell, names_to_ship
 from .devices import gpu_names, resolve_devices
-from .errors import ConfigurationError, DeviceError, LedgerError, ShippingError, UnsupportedPlatformError
+from .errors import (
+    ClusterError, ConfigurationError, DeviceError, LedgerError, ShippingError, UnsupportedPlatformError,
+)
 from .ledger import ENDED, history, ledger_path
 from .payload import describe_unpicklable
 from .pool import WorkerPool, check_ranks, current_pool, set_current_pool
@@ -53,6 +55,32 @@ def gpu_list(text: str | None, option: str = "--gpus") -> list[int] | None:
     except ValueError:
         kind = "GPU" if option == "--gpus" else "rank"
         raise UsageError(f"{option} {text!r} is not a list of {kind} numbers: write e.g. {option} 0,2") from None
+
+
+def cluster_option(text: str | None, namespace: dict) -> object:
+    """What ``--cluster`` names: a notebook variable (a ``distributed.Client`` or a Dask cluster object) if
+    ``text`` is the name of one, else a scheduler address.
+
+    Example:
+        >>> cluster_option("client", {"client": "<the Client>"})
+        '<the Client>'
+        >>> cluster_option("tcp://10.0.0.7:8786", {})
+        'tcp://10.0.0.7:8786'
+        >>> cluster_option("clinet", {"client": 1})
+        Traceback (most recent call last):
+        ...
+        IPython.core.error.UsageError: --cluster clinet: no notebook variable has that name and it is not a scheduler address: pass the name of a distributed.Client (or cluster) you made, or an address such as tcp://scheduler:8786
+    """
+    if text is None:
+        return None
+    if text.isidentifier():
+        if text in namespace:
+            return namespace[text]
+        raise UsageError(
+            f"--cluster {text}: no notebook variable has that name and it is not a scheduler address: pass the name "
+            "of a distributed.Client (or cluster) you made, or an address such as tcp://scheduler:8786"
+        )
+    return text
 
 
 def plain_python(cell: str, transform) -> str:
@@ -193,6 +221,11 @@ class DdpMagics(Magics):
     @argument("--gpus", default=None, metavar="0,2", help="run on these GPUs only, one process each")
     @argument("--timeout", type=float, default=None, metavar="S", help="end the run after S seconds")
     @argument(
+        "--cluster", default=None, metavar="ADDRESS_OR_NAME",
+        help="run on a Dask cluster: its scheduler's address, or the name of a distributed.Client (or cluster "
+        "object) in the notebook; one rank per Dask worker",
+    )  # fmt: skip
+    @argument(
         "--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT, metavar="S",
         help=f"seconds a graceful stop may take before the workers are ended (default {DEFAULT_STOP_TIMEOUT:g})",
     )  # fmt: skip
@@ -222,6 +255,8 @@ class DdpMagics(Magics):
         shipped to the workers; nothing else is. While ``%ddp_pool start`` holds warm workers, the cell
         runs on them (``--processes``/``--device`` must then match the pool or be left out), and a variable
         put on the pool (``%ddp_pool put corpus``) goes as the workers' copy while it is the object put.
+        ``--cluster tcp://scheduler:8786`` (or ``--cluster client``, a Client in the notebook) runs it on a
+        Dask cluster, one rank per Dask worker.
         """
         options = parse_argstring(self.ddp_train, line)
         if options.out is not None and not options.out.isidentifier():
@@ -242,6 +277,7 @@ class DdpMagics(Magics):
                 seed=options.seed,
                 dashboard=False if options.no_dashboard else None,
                 pool=pool,
+                cluster=cluster_option(options.cluster, self.shell.user_ns),
                 distributed_eval=not options.no_distributed_eval,
                 lazy_corpus=not options.no_lazy_corpus,
                 output=options.output,
@@ -252,7 +288,7 @@ class DdpMagics(Magics):
             )  # fmt: skip
         except ShippingError as error:
             raise UsageError(_unshippable(shipped) or str(error)) from None
-        except (ConfigurationError, UnsupportedPlatformError) as error:  # impossible devices, not the pool's...
+        except (ConfigurationError, ClusterError, UnsupportedPlatformError) as error:  # impossible devices...
             raise UsageError(str(error)) from None
         if options.out:
             self.shell.user_ns[options.out] = result.value
@@ -321,14 +357,14 @@ class DdpMagics(Magics):
             self.shell.user_ns[options.out] = [result.value for result in results]
         show_rank_results(results)
 
-    @staticmethod
     def _new_pool(
-        processes: int | None = None, device: str | None = None, gpus: str | None = None, for_exec: bool = False
-    ) -> WorkerPool:
+        self, processes: int | None = None, device: str | None = None, gpus: str | None = None,
+        for_exec: bool = False, cluster: str | None = None,
+    ) -> WorkerPool:  # fmt: skip
         """A new current pool (its workers start with its first job, or at ``warm_up``)."""
         try:
-            pool = WorkerPool(processes, device, gpus=gpu_list(gpus))
-        except (ConfigurationError, UnsupportedPlatformError) as error:
+            pool = WorkerPool(processes, device, gpus=gpu_list(gpus), cluster=cluster_option(cluster, self.shell.user_ns))
+        except (ConfigurationError, ClusterError, UnsupportedPlatformError) as error:
             raise UsageError(str(error)) from None
         set_current_pool(pool)
         if for_exec:
@@ -345,6 +381,10 @@ class DdpMagics(Magics):
     @argument("targets", nargs="*", help="with start: number of workers; with put/release: variable names")
     @argument("--device", choices=["cpu", "cuda"], default=None, help="with start: default cuda when available")
     @argument("--gpus", default=None, metavar="0,2", help="with start: these GPUs only, one worker each")
+    @argument(
+        "--cluster", default=None, metavar="ADDRESS_OR_NAME",
+        help="with start: keep the workers on a Dask cluster (its scheduler's address, or a Client's name)",
+    )  # fmt: skip
     @line_magic
     def ddp_pool(self, line: str) -> WorkerPool | None:
         """``%ddp_pool start [N]`` keeps N warm workers for ``%%ddp_train`` and the panel; ``stop`` ends them.
@@ -363,7 +403,7 @@ class DdpMagics(Magics):
             if len(options.targets) > 1 or not all(target.isdigit() for target in options.targets):
                 raise UsageError(f"'%ddp_pool start' takes a number of workers, not {' '.join(options.targets)!r}")
             processes = int(options.targets[0]) if options.targets else None
-            pool = self._new_pool(processes, options.device, options.gpus)
+            pool = self._new_pool(processes, options.device, options.gpus, cluster=options.cluster)
             pool.warm_up()
             print(pool.status())
         elif options.action == "restart":

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import api, interactive
-from .devices import DevicePlan, resolve_devices
+from .devices import DevicePlan
 from .errors import ConfigurationError, PoolClosedError, RunActiveError
 from .events import Job
-from .group import WorkerGroup
+from .sources import RankGroup
 from .interactive import RankResult
 from .provenance import Provenance
 from .result import RunResult
@@ -73,9 +73,12 @@ class WorkerPool:
         gpus: these GPUs only, one worker each (e.g. ``[0, 2]``), as for :func:`~flair_nbddp.launch`.
         run_dir: where the workers' start-up output and stack dumps go; default a new private directory.
             Each job's output goes to its own run directory.
+        cluster: keep the ranks warm on a Dask cluster instead (a ``distributed.Client`` or a scheduler address),
+            one per Dask worker, as :func:`~flair_nbddp.launch` places them.
 
     Raises:
         DeviceError: impossible devices, GPUs or process counts.
+        ClusterError: the cluster cannot take the ranks (see :func:`~flair_nbddp.launch`).
         UnsupportedPlatformError: on Windows (the workers need POSIX).
 
     Example:
@@ -92,8 +95,11 @@ class WorkerPool:
         run_dir: str | Path | None = None,
         *,
         gpus: Sequence[int] | None = None,
+        cluster: Any = None,
     ) -> None:
-        self.plan: DevicePlan = resolve_devices(device, processes, gpus)
+        source = api.cold_source(processes, device, gpus, cluster)  # checks the devices, places the ranks
+        self.plan: DevicePlan = source.plan
+        self._new_group, self.where = source.new_group, source.where
         self.home = RunDir.create(run_dir, prefix="pool-")
         self.jobs_run = 0
         self.recycled = 0
@@ -105,7 +111,7 @@ class WorkerPool:
         self._unlink_later: list[Path] = []  # files of refs dropped since the last job started or ended
         self._unlink_after_job: list[Path] = []  # files dropped before the current job started, which it may still
         # read (a ref dropped while the job was packed): all of these go when the job ends
-        self._group: WorkerGroup | None = None
+        self._group: RankGroup | None = None  # this machine's worker processes, or the ranks on a cluster
         self._needs_recycle: str | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -120,9 +126,9 @@ class WorkerPool:
         """Start the workers now if none are up (the pool's first job), so they start while the job is packed."""
         with self._lock:
             if self._group is None and not self._closed:
-                self._group = WorkerGroup(self.plan, self.home).start(preload)
+                self._group = self._new_group(self.home).start(preload)
 
-    def acquire(self, job: Job) -> WorkerGroup:
+    def acquire(self, job: Job) -> RankGroup:
         """Hand ``job`` to every worker (starting or recycling them first) and return their group.
 
         Raises:
@@ -145,7 +151,7 @@ class WorkerPool:
                 self._group = None
             self._needs_recycle = None
             if self._group is None:
-                self._group = WorkerGroup(self.plan, self.home).start()
+                self._group = self._new_group(self.home).start()
             job = dataclasses.replace(job, shared=tuple(ref.id for ref in self.refs))  # the copies to keep
             self._unlink_after_job += self._unlink_later  # dropped before this job, which may still read them
             self._unlink_later.clear()  # the same list: the finalizers of put() append to it
@@ -345,7 +351,7 @@ class WorkerPool:
         """One line: size, device, whether the workers are up, jobs run, recycles."""
         state = "closed" if self._closed else "warm" if self.started else "idle (workers start with the next job)"
         return (
-            f"WorkerPool: {self.plan}, {state}; "
+            f"WorkerPool: {self.plan}{self.where}, {state}; "
             f"{self.jobs_run} job(s) run, {self.recycled} recycle(s); workers' logs {self.run_dir}"
         )
 

@@ -38,6 +38,7 @@ from .errors import CorpusMismatchError, PoolRefError
 from .provenance import length, sizes
 
 _WORKER_COPIES: dict[str, bytes] = {}  # in a worker: the bytes of each ref it has read, by ref id
+HOST_DIR: str | None = None  # in a worker on a cluster: where its host keeps the refs' files (named by id)
 
 
 def _shape(obj: Any) -> tuple | None:
@@ -154,6 +155,8 @@ class PoolRef:
 def _worker_copy(ref_id: str, path: str, digest: str) -> Any:
     """In a worker: the object of a ref, decoded afresh from the bytes this worker read once."""
     data = _WORKER_COPIES.get(ref_id)
+    if HOST_DIR is not None:  # the notebook's path is not this host's
+        path = str(Path(HOST_DIR) / f"{ref_id}.pkl")
     if data is None:
         try:
             data = Path(path).read_bytes()

@@ -3,8 +3,9 @@
 A :class:`~flair_nbddp.run.Run` knows nothing of how its workers were started. It asks a
 :class:`WorkerSource` for a group of ranks running its :class:`~flair_nbddp.events.Job` and gives it
 back when the job is over. :class:`ColdWorkers` start a group for one job and end it afterwards;
-:class:`~flair_nbddp.WorkerPool` keeps its group for the next job. Another place for workers to live
-(a cluster) is a third source: ``Run``, the views, the magic and the panel stay as they are.
+:class:`~flair_nbddp.WorkerPool` keeps its group for the next job. Either group may be this machine's worker
+processes (:class:`~flair_nbddp.group.WorkerGroup`) or ranks on a Dask cluster
+(:class:`~flair_nbddp.cluster_group.ClusterGroup`): ``Run``, the views, the magic and the panel stay as they are.
 
 Example:
     >>> from flair_nbddp.devices import resolve_devices
@@ -16,7 +17,7 @@ Example:
 from __future__ import annotations
 
 from multiprocessing.connection import Connection
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from .devices import DevicePlan
 from .events import EXIT, Job
@@ -43,6 +44,9 @@ class RankGroup(Protocol):
 
     def wait_exit(self, rank: int, timeout: float) -> int | None:
         """A rank's exit code once it exited, waiting up to ``timeout`` s; None if it still runs."""
+
+    def describe_exit(self, rank: int, exit_code: int | None) -> str:
+        """What became of a rank's process, for an error message (on a cluster it names the Dask worker)."""
 
     def collect_stacks(self) -> dict[int, str]:
         """Every rank's Python stacks now, by rank (for the hang watchdog's report)."""
@@ -76,21 +80,25 @@ class ColdWorkers:
     """A cold launch: a pool that runs one job and exits. Its workers start for the job, in the job's run
     directory, while the run packs the job (importing torch, and flair when the job ships flair objects), are
     told to exit right behind the job (they leave as soon as it is done), and are ended when the job is released
-    if they have not."""
+    if they have not.
 
-    def __init__(self, plan: DevicePlan) -> None:
-        self.plan = plan
-        self._group: WorkerGroup | None = None
+    ``new_group`` makes the group for a directory: this machine's worker processes by default, or a cluster's
+    ranks (:func:`flair_nbddp.cluster_group.cluster_group_factory`), which ``where`` then names."""
+
+    def __init__(self, plan: DevicePlan, new_group: Callable[[RunDir], Any] | None = None, where: str = "") -> None:
+        self.plan, self.where = plan, where
+        self.new_group = new_group or (lambda home: WorkerGroup(plan, home))
+        self._group: Any = None
         self._handed = False  # whether the group got its job
 
     def prepare(self, run_dir: RunDir, preload: tuple[str, ...]) -> None:
         """Start the workers now, importing ``preload``, while the run packs its call."""
-        self._group = WorkerGroup(self.plan, run_dir)  # held before it starts: release() ends what started
+        self._group = self.new_group(run_dir)  # held before it starts: release() ends what started
         self._group.start(preload)
 
-    def acquire(self, job: Job) -> WorkerGroup:
+    def acquire(self, job: Job) -> RankGroup:
         if self._group is None:
-            self._group = WorkerGroup(self.plan, RunDir.create(job.run_dir))
+            self._group = self.new_group(RunDir.create(job.run_dir))
             self._group.start()
         try:
             self._group.submit(job)

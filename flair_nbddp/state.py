@@ -34,6 +34,8 @@ class RankInfo:
     rank: int
     pid: int | None = None
     device: str = ""
+    host: str = ""  # the machine it runs on
+    worker: str = ""  # on a cluster: the Dask worker it runs under
     alive: bool = True
     step: int = 0
     samples: int = 0
@@ -184,8 +186,9 @@ class RunState:
             rank = self._ranks[event.rank]
             if isinstance(event, Started):
                 self._ranks[event.rank] = replace(
-                    rank, pid=event.pid, device=event.device, last_seen=event.time, last_progress=event.time
-                )
+                    rank, pid=event.pid, device=event.device, host=event.host, worker=event.worker,
+                    last_seen=event.time, last_progress=event.time,
+                )  # fmt: skip
                 if self.status == "starting" and all(r.pid is not None for r in self._ranks):
                     self.status = "running"
             elif isinstance(event, Heartbeat) and event.time >= rank.heartbeat_at:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
-from .errors import RunHangError, RunTimeoutError, WorkerError, describe_exit
+from .errors import RunHangError, RunTimeoutError, WorkerError
 from .events import STOP, Failed
 from .group import TERMINATE_GRACE_SECONDS
 from .rank_output import RankOutput
@@ -145,7 +145,7 @@ class Supervisor:
         if self._first_death is not None:
             dead = snapshot.ranks[self._first_death]
             return WorkerError(
-                dead.rank, "", f"the worker process {describe_exit(dead.exit_code)} without reporting an error",
+                dead.rank, "", f"{self.group.describe_exit(dead.rank, dead.exit_code)} without reporting an error",
                 exit_code=dead.exit_code, log_path=str(self.run_dir.log(dead.rank)),
             )  # fmt: skip
         if snapshot.failure is not None:

@@ -27,6 +27,7 @@ import logging
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -243,10 +244,11 @@ def set_up(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
         torch.cuda.set_device(device)
     vitals.device, vitals.counters = device, TrainingCounters()
     vitals.flair_logger.remember()
-    # rank 0 serves the store on the loopback socket the parent bound for it; before torch 2.8 the libuv store
-    # (the default from 2.4) cannot serve an inherited socket, and the other one (the default before) can
+    # rank 0 serves the store on the socket its parent bound for it (loopback, or its cluster worker's address);
+    # before torch 2.8 the libuv store (the default from 2.4) cannot serve an inherited socket, and the other one
+    # (the default before) can
     vitals.store = store = dist.TCPStore(
-        "127.0.0.1",
+        spec.host,
         spec.port,
         spec.world_size,
         spec.rank == 0,
@@ -372,7 +374,7 @@ def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) ->
     gc.collect()
     try:
         _check_health(spec.world_size, vitals.device)
-        sender.send(Started(rank, os.getpid(), str(vitals.device)))
+        sender.send(Started(rank, os.getpid(), str(vitals.device), socket.gethostname()))
         _seed_everything(job.seed)
         interactive.begin_job(rank, spec.world_size, vitals.device, vitals.store, job.key)
         distributed_eval.start_job(f"flair_nbddp/{job.key}", job.distributed_eval)
@@ -443,6 +445,7 @@ def main() -> None:
     vitals = _Vitals()
     _start_heartbeat(sender, spec.rank, vitals)
     sys.path[:0] = [entry for entry in spec.sys_path if entry not in sys.path]  # notebook-local modules import
+    shared.HOST_DIR = spec.shared_dir
     interactive.install_interrupts()  # a STOP interrupts a %%ddp_exec cell, and nothing else
     try:
         # private like every file of the run; stays open for faulthandler until exit

@@ -1,8 +1,9 @@
 """Shared fixtures, and the test tiers.
 
-Every test belongs to one tier. ``process`` (starts worker processes), ``kernel`` (starts a Jupyter kernel)
-and ``browser`` (JupyterLab in headless Chromium) are marked in the test files; every other test is in the
-fast tier, and a fast test that starts workers or a kernel fails with the marker to add.
+Every test belongs to one tier. ``process`` (starts worker processes), ``kernel`` (starts a Jupyter kernel),
+``browser`` (JupyterLab in headless Chromium) and ``cluster`` (a Dask scheduler and workers on 127.0.0.1) are
+marked in the test files; every other test is in the fast tier, and a fast test that starts workers, ranks on a
+cluster or a kernel fails with the marker to add.
 ``make test-fast`` runs the fast tier (with the package's doctests), ``make test`` all of them.
 """
 
@@ -14,6 +15,7 @@ import time
 import psutil
 import pytest
 
+from flair_nbddp.cluster_group import ClusterGroup
 from flair_nbddp.group import WorkerGroup
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -23,7 +25,7 @@ os.environ.pop("FLAIR_NBDDP_LEDGER", None)
 # Tests rehearse DDP on CPU with gloo and 2 processes, whatever the machine has.
 os.environ.setdefault("FLAIR_NBDDP_DEVICE", "cpu")
 os.environ.setdefault("FLAIR_NBDDP_PROCESSES", "2")
-SLOW_TIERS = ("process", "kernel", "browser")
+SLOW_TIERS = ("process", "kernel", "browser", "cluster")
 TIER_ENV = "FLAIR_NBDDP_TEST_TIER"
 
 
@@ -33,10 +35,12 @@ def _fast_tests_start_nothing(request, monkeypatch):
     if any(request.node.get_closest_marker(tier) for tier in SLOW_TIERS):
         return
 
-    def refuse(self):
-        raise AssertionError("this fast-tier test started worker processes: mark it @pytest.mark.process")
+    def refuse(self, *preload):
+        marker = "cluster" if isinstance(self, ClusterGroup) else "process"
+        raise AssertionError(f"this fast-tier test started worker processes: mark it @pytest.mark.{marker}")
 
     monkeypatch.setattr(WorkerGroup, "start", refuse)
+    monkeypatch.setattr(ClusterGroup, "start", refuse)
     monkeypatch.setenv(TIER_ENV, "fast")
 
 
