@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import os
 import pickle
 import socket
 import sys
@@ -111,6 +112,10 @@ class ClusterGroup:
                 self._store(self.home.path / "shared" / f"{ref_id}.pkl", f"shared/{ref_id}.pkl")
                 self._stored.add(ref_id)
         self._jobs[job.key] = job
+        run_dir = RunDir(Path(job.run_dir))
+        for rank in range(self.plan.world_size):  # there, as on one machine, before a rank writes a line
+            for path in (run_dir.log(rank), run_dir.stderr(rank)):
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
         self._send((JOB, job, name, digest))
 
     def send_all(self, message: Any) -> None:
@@ -190,8 +195,7 @@ class ClusterGroup:
                 Path(job.result).write_bytes(self._result or b"")
                 self._result = None
                 event = dataclasses.replace(event, path=job.result)
-            with contextlib.suppress(OSError):
-                self._feeds[rank].send(event)
+            self._feed(rank, event)
         if batch.exit_code is not None:
             self._record_exit(rank, batch.exit_code)
 
@@ -201,7 +205,18 @@ class ClusterGroup:
                 return
             self._exits[rank] = code
             self._exited[rank].set()
-        self._feeds[rank].close()  # the supervisor sees the channel close, as when a process exits
+        self._close_feed(rank)  # the supervisor sees the channel close, as when a process exits
+
+    def _feed(self, rank: int, event: Any) -> None:
+        """Pass ``event`` to the supervisor on rank ``rank``'s channel, unless that is closed."""
+        with self._lock, contextlib.suppress(OSError):
+            self._feeds[rank].send(event)
+
+    def _close_feed(self, rank: int) -> None:
+        """Close the relay's end of rank ``rank``'s channel, once: a second close of its descriptor could close
+        another file that reused the number."""
+        with self._lock:
+            self._feeds[rank].close()  # a no-op once closed
 
     def _check_ranks(self) -> None:
         """Count ranks whose Dask worker left, whose task failed, or who went silent, as killed."""
@@ -215,8 +230,7 @@ class ClusterGroup:
                 self._lose(rank, "left the cluster (its node was lost, or the worker was ended)")
             elif task.status == "error":
                 error = task.exception()
-                with contextlib.suppress(OSError):
-                    self._feeds[rank].send(Failed(rank, type(error).__name__, str(error), str(task.traceback() or "")))
+                self._feed(rank, Failed(rank, type(error).__name__, str(error), str(task.traceback() or "")))
                 self._record_exit(rank, 1)
             elif now - self._heard[rank] > LOST_AFTER_SECONDS:
                 self._lose(rank, f"stopped answering for {LOST_AFTER_SECONDS:.0f} s")
@@ -293,6 +307,8 @@ class ClusterGroup:
                 self.terminate(grace=1.0)
         finally:
             self._closed.set()
+            if self._pump.is_alive():
+                self._pump.join(timeout=30)  # it may be using a rank's channel: no descriptor is closed twice
             with contextlib.suppress(Exception):
                 self.client.cancel(self._tasks)
             with contextlib.suppress(Exception):
@@ -301,8 +317,9 @@ class ClusterGroup:
                 if queue is not None:
                     with contextlib.suppress(Exception):
                         queue.close()
-            for connection in [*self.connections, *self._feeds]:
+            for rank, connection in enumerate(self.connections):
                 connection.close()
+                self._close_feed(rank)
 
     @property
     def alive(self) -> bool:
