@@ -101,12 +101,17 @@ class DevicePlan:
 @functools.cache
 def loopback_interface() -> str:
     """The name of the network interface that holds 127.0.0.1 (``lo`` on Linux, ``lo0`` on macOS)."""
+    return interface_of("127.0.0.1") or "lo"
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface holding ``address`` on this machine (None if none does)."""
     import psutil
 
     for name, addresses in psutil.net_if_addrs().items():
-        if any(address.address == "127.0.0.1" for address in addresses):
+        if any(entry.address == address for entry in addresses):
             return name
-    return "lo"
+    return None
 
 
 def require_posix() -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .devices import rendezvous_socket
+from .devices import interface_of, rendezvous_socket
 from .errors import ClusterError
 from .events import Failed, Job, ModelsSaved, ResultReady, Started, Stopped, WorkerSpec
 from .group import RENDEZVOUS_TIMEOUT_SECONDS, TERMINATE_GRACE_SECONDS, spawn_worker
@@ -113,7 +113,6 @@ def probe() -> dict[str, Any]:
         "node": f"{socket.gethostname()}/{boot}/{runs_root()}",
         "gpus": gpus,
         "visible": visible or "",
-        "cores": os.cpu_count() or 1,
     }
 
 
@@ -144,16 +143,6 @@ def _check_file(path: Path, digest: str) -> None:
         raise ClusterError(f"{path} is not on {socket.gethostname()}: it was not stored there, or was removed") from None
     if hashlib.sha256(data).hexdigest() != digest:
         raise ClusterError(f"{path} on {socket.gethostname()} differs from the file packed in the notebook")
-
-
-def interface_of(address: str) -> str | None:
-    """The network interface holding ``address`` on this machine (None if none does)."""
-    import psutil
-
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(entry.address == address for entry in addresses):
-            return name
-    return None
 
 
 def rank_environment(site: Site, world_size: int, store: tuple[str, int], threads: int) -> dict[str, str | None]:

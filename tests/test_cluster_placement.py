@@ -23,7 +23,7 @@ def _automatic_devices(monkeypatch):
 
 
 def _probe(hostname: str, gpus: int = 0, visible: str = "", runs: str = "/tmp/runs") -> dict:
-    return {"hostname": hostname, "node": f"{hostname}/boot/{runs}", "gpus": gpus, "visible": visible, "cores": 8}
+    return {"hostname": hostname, "node": f"{hostname}/boot/{runs}", "gpus": gpus, "visible": visible}
 
 
 class FakeClient:
