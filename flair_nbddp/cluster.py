@@ -2,10 +2,10 @@
 
 ``cluster=`` takes a ``distributed.Client`` (a ``LocalCluster``'s, ``SLURMCluster(...).get_client()``, a
 Gateway's, Coiled's; its ``Security``, TLS included, is used as given), a cluster object (its ``get_client()``)
-or a scheduler address, for which one client per address is made and kept. :func:`place` asks every Dask worker what it has (one ``client.run``)
-and puts one rank on each: on the workers with a GPU (a ``GPU`` resource, or CUDA devices the worker sees)
-with NCCL, else on CPU workers with gloo. Ranks of one node come one after another; rank 0 is the first
-worker of the first node, and its store binds that worker's own address.
+or a scheduler address, for which one client per address is made and kept. :func:`place` asks every Dask
+worker what it has (one ``client.run``) and puts one rank on each: on the workers with a GPU (a ``GPU``
+resource, or CUDA devices the worker sees) with NCCL, else on CPU workers with gloo. Ranks of one node come
+one after another; rank 0 is the first worker of the first node, and its store binds that worker's own address.
 
 Example::
 
@@ -60,7 +60,7 @@ def connect(cluster: Any) -> Any:
     if not isinstance(cluster, str):
         if hasattr(cluster, "get_client") and hasattr(cluster, "scheduler_address"):  # LocalCluster, SLURMCluster...
             cluster = cluster.get_client()
-        if hasattr(cluster, "scheduler_info") and hasattr(cluster, "submit"):
+        if hasattr(cluster, "submit") and hasattr(cluster, "sync"):  # a distributed.Client
             if cluster.status not in ("running", "connecting", "newly-created"):
                 raise ClusterError(
                     f"the Dask client given as cluster= is {cluster.status}: make a new one (Client(address)) and pass it"
@@ -108,6 +108,17 @@ class Placement:
         return f"{self.plan} {self.describe()}"
 
 
+def workers_of(client: Any) -> dict[str, dict]:
+    """The cluster's Dask workers now, by address, each with what the scheduler knows of it (its host, its
+    resources), asked of the scheduler itself.
+
+    Not ``client.scheduler_info()``: that returns the client's shared copy of the scheduler's identity, which
+    the client's own refresh every few seconds overwrites with one that lists no worker, so a worker list read
+    from it can come back empty while every worker is there.
+    """
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+
 def _gpus(info: dict, probe: dict) -> int:
     return int(info.get("resources", {}).get("GPU", 0) or 0) or int(probe.get("gpus", 0))
 
@@ -131,7 +142,7 @@ def place(client: Any, processes: int | None = None, device: str | None = None) 
         raise ConfigurationError(f"device={device!r} is not understood: use 'cuda', 'cpu', or None (automatic)")
     if processes is not None and (isinstance(processes, bool) or int(processes) < 1):
         raise ConfigurationError(f"processes={processes!r}: ask for at least one rank, or None for every worker")
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+    workers = workers_of(client)
     if not workers:
         raise ClusterError(
             f"the Dask cluster at {client.scheduler.address} has no workers yet: scale it (cluster.scale(2), "

@@ -10,8 +10,10 @@ own connection to the scheduler:
 - jobs, STOP and EXIT go down each rank's queue; a job's payload, and the objects put on a pool, are stored
   once per node (not once per rank) before the job is handed over, and checked on every rank.
 
-A rank whose Dask worker leaves the cluster, or whose task stops answering for :data:`LOST_AFTER_SECONDS`,
-counts as killed (SIGKILL); :meth:`ClusterGroup.describe_exit` names its worker and host.
+A rank whose Dask worker leaves the cluster, or whose task stops answering for :data:`LOST_AFTER_SECONDS`
+while the notebook listens, counts as killed (SIGKILL); :meth:`ClusterGroup.describe_exit` names its worker and
+host. A pause of the notebook's own (a garbage collection of a big corpus just built holds every thread for
+seconds) is not a rank's silence: only time the relay was there to hear counts.
 
 Example::
 
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import rank_host
-from .cluster import Placement, require_distributed
+from .cluster import Placement, require_distributed, workers_of
 from .errors import ClusterError, describe_exit
 from .events import Failed, Job, ResultReady, WorkerSpec
 from .group import RENDEZVOUS_TIMEOUT_SECONDS, TERMINATE_GRACE_SECONDS
@@ -47,6 +49,7 @@ from .rundir import RunDir
 
 LOST_AFTER_SECONDS = 20.0  # a rank's task silent this long (it says something every 2 s) is lost with its node
 CHECK_SECONDS = 1.0  # how often the cluster's membership is checked
+PAUSED_AFTER_SECONDS = 1.0  # a relay that took this long to come round again was held up by this process
 POLL_SECONDS = 0.1  # how often the ranks' queue is read
 
 
@@ -67,7 +70,8 @@ class ClusterGroup:
         self._lost: dict[int, str] = {}
         self._pids: dict[int, int] = {}
         self._stacks: dict[int, str] = {}
-        self._heard = [time.monotonic()] * world_size
+        self._heard = [time.monotonic()] * world_size  # when each rank was last heard, in the relay's time
+        self._listened = time.monotonic()  # when the relay last came round
         self._jobs: dict[str, Job] = {}  # by key: where each job's output lands in the notebook
         self._result: bytes | None = None  # rank 0's result, fetched, until its ResultReady is passed on
         self._stored: set[str] = set()  # the files every node has
@@ -161,6 +165,7 @@ class ClusterGroup:
         timeout makes the scheduler log an error each time it times out), and check the ranks once a second."""
         checked = 0.0
         while not self._closed.wait(POLL_SECONDS):
+            self._listening(time.monotonic())
             try:
                 items = self._up.get(batch=True)
             except Exception:  # noqa: BLE001 - the client closed under us (the kernel is shutting down)
@@ -170,7 +175,15 @@ class ClusterGroup:
             if time.monotonic() - checked > CHECK_SECONDS:
                 checked = time.monotonic()
                 with contextlib.suppress(Exception):
-                    self._check_ranks()
+                    self._check_ranks(silence=True)
+
+    def _listening(self, now: float) -> None:
+        """The relay comes round at ``now``; if this process held it up (the notebook's thread in a long garbage
+        collection), the ranks could not be heard meanwhile, and their silence is counted from here."""
+        paused = now - self._listened
+        self._listened = now
+        if paused > PAUSED_AFTER_SECONDS:
+            self._heard = [heard + paused for heard in self._heard]
 
     def _take(self, item: Any) -> None:
         if not isinstance(item, bytes):  # a Future of rank 0's result, which comes before its ResultReady
@@ -218,9 +231,10 @@ class ClusterGroup:
         with self._lock:
             self._feeds[rank].close()  # a no-op once closed
 
-    def _check_ranks(self) -> None:
-        """Count ranks whose Dask worker left, whose task failed, or who went silent, as killed."""
-        live = set(self.client.scheduler_info(n_workers=-1)["workers"])
+    def _check_ranks(self, silence: bool) -> None:
+        """Count ranks whose Dask worker left, or whose task failed, as killed; with ``silence`` (the relay's own
+        check, right after it listened), also those it has not heard for :data:`LOST_AFTER_SECONDS`."""
+        live = set(workers_of(self.client))
         now = time.monotonic()
         for site, task in zip(self.placement.sites, self._tasks):
             rank = site.rank
@@ -232,7 +246,7 @@ class ClusterGroup:
                 error = task.exception()
                 self._feed(rank, Failed(rank, type(error).__name__, str(error), str(task.traceback() or "")))
                 self._record_exit(rank, 1)
-            elif now - self._heard[rank] > LOST_AFTER_SECONDS:
+            elif silence and now - self._heard[rank] > LOST_AFTER_SECONDS:
                 self._lose(rank, f"stopped answering for {LOST_AFTER_SECONDS:.0f} s")
 
     def _lose(self, rank: int, why: str) -> None:
@@ -246,7 +260,7 @@ class ClusterGroup:
         """Ranks that have exited (or were lost with their Dask worker), with their exit codes."""
         if not self.terminating:
             with contextlib.suppress(Exception):
-                self._check_ranks()  # a rank's peers may report its loss before the membership check does
+                self._check_ranks(silence=False)  # a rank's peers may report its loss before the relay's check
         with self._lock:
             return dict(self._exits)
 

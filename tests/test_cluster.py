@@ -86,7 +86,7 @@ def test_a_classifier_trains_from_a_notebook_corpus_on_two_dask_workers(
     result.value["model"].predict([positive, negative])
     assert [positive.get_label("sentiment").value, negative.get_label("sentiment").value] == ["POSITIVE", "NEGATIVE"]
     # one rank per Dask worker, each named with its worker and host; 100 documents each, batches of 8
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    workers = sorted(client.nthreads())
     assert sorted(rank.worker for rank in result.ranks) == workers
     assert {rank.host for rank in result.ranks} == {socket.gethostname()}
     assert [rank.step for rank in result.ranks] == [6 * 13, 6 * 13]
@@ -220,7 +220,7 @@ def test_a_pool_on_the_cluster_keeps_its_ranks_and_the_corpus_put_on_it(cluster,
         assert first.value[:2] == second.value[:2] == (0, 120)
         assert first.value[2] == second.value[2]  # rank 0's process stayed warm between the jobs
         assert [rank.pid for rank in first.ranks] == [rank.pid for rank in second.ranks]
-        assert {rank.worker for rank in second.ranks} == set(client.scheduler_info(n_workers=-1)["workers"])
+        assert {rank.worker for rank in second.ranks} == set(client.nthreads())
         assert len(cluster.kit_processes()) == 2
 
 

@@ -3,6 +3,8 @@ one would (the cluster tier runs the real thing, test_cluster.py)."""
 
 import hashlib
 import stat
+import time
+from multiprocessing import Pipe
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -33,12 +35,15 @@ class FakeClient:
 
     def __init__(self, workers: dict[str, tuple[dict, dict]], run_error: Exception | None = None) -> None:
         self.workers, self.run_error = workers, run_error
-        self.scheduler = SimpleNamespace(address="tcp://10.0.0.1:8786")
+        self.scheduler = SimpleNamespace(address="tcp://10.0.0.1:8786", identity=self._identity)
         self.scattered: list[tuple[int, tuple[str, ...]]] = []
         self.submitted: list[tuple[str, tuple]] = []
 
-    def scheduler_info(self, n_workers: int = 5) -> dict:
-        return {"workers": {address: info for address, (info, _) in self.workers.items()}}
+    def _identity(self, n_workers: int = 0) -> dict:
+        return {"workers": {address: info for address, (info, _) in self.workers.items()} if n_workers else {}}
+
+    def sync(self, function, *args, **kwargs):
+        return function(*args, **kwargs)
 
     def run(self, function):
         if self.run_error is not None:
@@ -148,6 +153,32 @@ def test_a_payload_goes_once_to_each_node_not_to_each_rank(tmp_path):
     assert (name, digest) == ("payload-k.pkl", hashlib.sha256(b"x" * 1000).hexdigest())
     assert client.scattered == [(1000, ("tcp://gpu-a:4000",)), (1000, ("tcp://gpu-b:4000",))]
     assert client.submitted == [("store_file", ("tcp://gpu-a:4000",)), ("store_file", ("tcp://gpu-b:4000",))]
+
+
+def test_a_rank_is_lost_with_its_dask_worker_or_its_silence_while_the_notebook_listens(tmp_path):
+    client = _gpu_cluster()
+    group = ClusterGroup(client, place(client), RunDir.create(tmp_path / "run"))
+    group._tasks = [SimpleNamespace(status="pending") for _ in group.placement.sites]
+    group.connections, group._feeds = map(list, zip(*(Pipe() for _ in group.placement.sites)))
+    # membership is asked of the scheduler: the client's own refresh leaves its shared copy without workers,
+    # and a check that read it counted every idle rank of a warm pool as lost
+    group._check_ranks(silence=True)
+    assert group.dead_ranks() == {}
+    # the notebook held the relay up for 25 s (a garbage collection of a big corpus): nobody was silent
+    began = time.monotonic()
+    group._heard = [began] * 4
+    group._listening(began)
+    group._listening(began + 25.0)
+    group._check_ranks(silence=True)
+    assert group.dead_ranks() == {}
+    # a worker that left loses its rank at once; a task silent for 20 s while the relay listened loses its own
+    del client.workers["tcp://gpu-b:4001"]
+    group._heard[2] = time.monotonic() - 21.0
+    group._check_ranks(silence=True)
+    assert group.dead_ranks() == {2: -9, 3: -9}
+    assert "left the cluster" in group.describe_exit(3, -9) and "stopped answering for 20 s" in group.describe_exit(2, -9)
+    for connection in group.connections + group._feeds:
+        connection.close()
 
 
 def test_a_stored_file_is_private_and_checked_against_the_notebooks_hash(tmp_path, monkeypatch):
