@@ -8,6 +8,7 @@ cluster or a kernel fails with the marker to add.
 """
 
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -25,6 +26,11 @@ os.environ.pop("FLAIR_NBDDP_LEDGER", None)
 # Tests rehearse DDP on CPU with gloo and 2 processes, whatever the machine has.
 os.environ.setdefault("FLAIR_NBDDP_DEVICE", "cpu")
 os.environ.setdefault("FLAIR_NBDDP_PROCESSES", "2")
+# A shell starts a background job (`make test &`, nohup) with SIGINT ignored, and every process it starts inherits
+# that: the interrupt tests (interrupt_main here, SIGINT to programs and kernels) would interrupt nothing. Tests
+# interrupt as the kernel's Interrupt does, so this process, and what it starts, take SIGINT as Python does.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 SLOW_TIERS = ("process", "kernel", "browser", "cluster")
 TIER_ENV = "FLAIR_NBDDP_TEST_TIER"
 
