@@ -166,7 +166,7 @@ def test_a_rank_is_lost_with_its_dask_worker_or_its_silence_while_the_notebook_l
     assert group.dead_ranks() == {}
     # the notebook held the relay up for 25 s (a garbage collection of a big corpus): nobody was silent
     began = time.monotonic()
-    group._heard = [began] * 4
+    group._heard = [began] * group.plan.world_size
     group._listening(began)
     group._listening(began + 25.0)
     group._check_ranks(silence=True)
