@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import io
 import os
+import sys
 import threading
 import types
 import warnings
@@ -50,9 +51,9 @@ def is_flair_object(obj: object) -> bool:
 
 
 def _is_flair_model(obj: object) -> bool:
-    from flair.nn import Model
-
-    return isinstance(obj, Model)
+    """Whether ``obj`` is a flair model: one of flair's classes, or a subclass of one (say, defined in a notebook)."""
+    nn = sys.modules.get("flair.nn")  # where flair was never imported, there is no flair model
+    return nn is not None and isinstance(obj, nn.Model)
 
 
 def _model_bytes(model: Any) -> bytes:
@@ -123,18 +124,17 @@ class _Pickler(cloudpickle.Pickler):
         self.digests: dict[int, str] = {}
 
     def reducer_override(self, obj: Any) -> Any:
-        if is_flair_object(obj):
-            if _is_flair_model(obj):
-                data = _model_bytes(obj)
-                self.digests[id(obj)] = hashlib.sha256(data).hexdigest()
-                return rebuild_model, (type(obj), data)
-            if codec.supports(obj):
-                try:
-                    data = codec.encode(obj)
-                except TypeError:  # content the codec cannot keep exactly: cloudpickle ships it instead
-                    return super().reducer_override(obj)
-                digest = self.digests[id(obj)] = hashlib.sha256(data).hexdigest()
-                return rebuild_corpus, (data, digest)
+        if _is_flair_model(obj):
+            data = _model_bytes(obj)
+            self.digests[id(obj)] = hashlib.sha256(data).hexdigest()
+            return rebuild_model, (type(obj), data)
+        if is_flair_object(obj) and codec.supports(obj):
+            try:
+                data = codec.encode(obj)
+            except TypeError:  # content the codec cannot keep exactly: cloudpickle ships it instead
+                return super().reducer_override(obj)
+            digest = self.digests[id(obj)] = hashlib.sha256(data).hexdigest()
+            return rebuild_corpus, (data, digest)
         return super().reducer_override(obj)
 
 

@@ -111,7 +111,8 @@ def test_payload_write_failure_names_the_path(tmp_path):
         payload.write_payload(target, print, (), {})
 
 
-def test_flair_model_travels_through_flair_save_and_arrives_on_cpu(tmp_path, tiny_model_path):
+@pytest.mark.parametrize("subclassed", [False, True], ids=["flairs", "a-notebooks-subclass"])
+def test_flair_model_travels_through_flair_save_and_arrives_on_cpu(tmp_path, tiny_model_path, subclassed):
     import torch
     from flair.data import Sentence
     from flair.embeddings import TransformerDocumentEmbeddings
@@ -119,15 +120,19 @@ def test_flair_model_travels_through_flair_save_and_arrives_on_cpu(tmp_path, tin
 
     from flair_nbddp.synthetic import sentiment_corpus
 
+    class MyClassifier(TextClassifier):  # defined in a function, as in a notebook: travels by value
+        pass
+
+    Classifier = MyClassifier if subclassed else TextClassifier
     corpus = sentiment_corpus(8, 2, 2)
-    model = TextClassifier(
+    model = Classifier(
         TransformerDocumentEmbeddings(tiny_model_path, fine_tune=True),
         label_type="sentiment",
         label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False),
     )
     payload.write_result(tmp_path / "r.pkl", {"model": model, "note": "x"})
     back = payload.read_result(tmp_path / "r.pkl")
-    assert back["note"] == "x" and type(back["model"]) is TextClassifier
+    assert back["note"] == "x" and type(back["model"]).__name__ == Classifier.__name__
     assert next(back["model"].parameters()).device == torch.device("cpu")
     for a, b in zip(model.state_dict().values(), back["model"].state_dict().values()):
         assert torch.equal(a.cpu(), b)
