@@ -130,7 +130,8 @@ FLAIR_PROGRAM = """
 import json, sys, time
 sys.path.insert(0, {here!r})
 from flair.distributed_utils import launch_distributed
-from throughput import bend_flair_launcher_for_cpu, processes_for, timed_fine_tune
+from flair_nbddp.flair_compat import bend_flair_launcher_for_cpu
+from throughput import processes_for, timed_fine_tune
 
 if {device!r} == "cpu":
     bend_flair_launcher_for_cpu(processes_for("cpu", {processes}))  # at import: spawned ranks re-import this script
@@ -180,29 +181,6 @@ def processes_for(device: str, processes: int | None) -> int:
     import torch
 
     return torch.cuda.device_count() if device == "cuda" else 2
-
-
-def bend_flair_launcher_for_cpu(processes: int) -> None:
-    """The same CPU bend the kit applies, for flair's own launcher: gloo, CPU, ``processes`` ranks.
-
-    flair's ``launch_distributed`` counts GPUs for its world size and joins NCCL on ``cuda:rank``; on a
-    machine without GPU it would start 0 processes and wait forever.
-    """
-    import flair
-    import flair.distributed_utils as distributed_utils
-    import torch
-    from torch.distributed import init_process_group
-
-    from flair_nbddp.flair_compat import allow_cpu_ddp
-
-    def ddp_setup(rank: int, world_size: int) -> None:
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "localhost", "12355"
-        flair.device = torch.device("cpu")
-        init_process_group(backend="gloo", rank=rank, world_size=world_size)
-
-    distributed_utils._ddp_setup = ddp_setup
-    distributed_utils.torch.cuda.device_count = lambda: processes
-    allow_cpu_ddp()
 
 
 def run_job(args) -> dict:

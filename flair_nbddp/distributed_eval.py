@@ -15,6 +15,13 @@ flair 0.15.1 evaluates the whole split on every rank. Here, whenever several ran
    reports, the loss (summed in the same order) and the ``out_path`` file are flair's, unchanged; only rank 0
    writes the file. Every rank gets the same result, so best-model choice, annealing and early stopping agree.
 
+Training after an evaluation draws on where it left the random number streams, so the evaluation must leave
+them exactly as flair's own would on that rank (else a seeded run drifts from flair's from the second epoch).
+The share runs between a snapshot and a restore of every stream, each batch's step counting the data-loader
+iterators it drew (``SequenceTagger.predict`` makes one per batch), and the replayed step draws as many
+(``random_streams.py``): flair's ``evaluate`` draws its own loader's seed itself. A step that draws anything
+else cannot be replayed, and its split is evaluated whole, as flair does.
+
 No sample is evaluated twice and none is left out: uneven shares, fewer batches than ranks and empty shares
 are just fewer batches for some ranks.
 
@@ -38,6 +45,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from . import random_streams
 from .errors import EvaluationShareError
 
 AGREEMENT_SECONDS = 30.0
@@ -164,22 +172,30 @@ def _sharded(evaluate: Callable, step: _Step) -> Callable:
         if _WORLD.rank != 0:
             call.arguments["out_path"] = None  # rank 0 writes the file, once
         _JOB.depth += 1
+        streams = random_streams.snapshot()  # the share draws nothing: the replay draws what flair's steps draw
         try:
             batches = _batches(call.arguments["data_points"], call.arguments["mini_batch_size"])
             mine = {
-                index: step.record(self, batch, call.arguments)
+                index: _measured(step, self, batch, call.arguments)
                 for index, batch in enumerate(batches)
                 if index % _WORLD.size == _WORLD.rank
             }
             _JOB.computed += len(mine)
             gathered: list = [None] * _WORLD.size
             dist.all_gather_object(gathered, mine, group=_WORLD.group)
+            random_streams.restore(streams)
             records = {index: record for share in gathered for index, record in share.items()}
-            if any(record is None for record in records.values()) or len(records) != len(batches):
+            unlocated = any(record is None for record, _ in records.values())
+            if unlocated or any(draws is None for _, draws in records.values()) or len(records) != len(batches):
                 _notice(
                     type(self).__name__,
-                    "runs on the whole split on every rank: some of its predictions are on objects the kit cannot "
-                    "locate",
+                    "runs on the whole split on every rank: "
+                    + (
+                        "some of its predictions are on objects the kit cannot locate"
+                        if unlocated
+                        else "its prediction draws random numbers, which a shared-out evaluation would draw in "
+                        "another order than flair's (and so change the training after it)"
+                    ),
                 )
                 return evaluate(*call.args, **call.kwargs)
             _JOB.sharded_inside = True
@@ -198,6 +214,13 @@ def _batches(data_points: Any, mini_batch_size: int) -> list[list]:
 
     dataset = data_points if isinstance(data_points, Dataset) else FlairDatapointDataset(data_points)
     return list(DataLoader(dataset, batch_size=mini_batch_size))
+
+
+def _measured(step: _Step, model: Any, batch: list, arguments: dict) -> tuple[Any, int | None]:
+    """This rank's record of one batch, and how many data-loader iterators its step drew (None: other draws)."""
+    before = random_streams.snapshot()
+    record = step.record(model, batch, arguments)
+    return record, random_streams.loader_iterators_between(before, random_streams.snapshot())
 
 
 def _call_fingerprint(model: Any, arguments: dict) -> str:
@@ -264,8 +287,9 @@ class _Replay:
         self.step, self.model, self.records, self.next = step, model, records, 0
 
     def __call__(self, batch: list, *args: Any, **kwargs: Any) -> Any:
-        record = self.records[self.next]
+        record, draws = self.records[self.next]
         self.next += 1
+        random_streams.draw_loader_iterators(draws)  # as flair's own step would
         return self.step.replay(record, batch, args, kwargs)
 
     def __enter__(self) -> None:

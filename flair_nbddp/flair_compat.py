@@ -1,8 +1,9 @@
-"""Everything that bends flair inside the workers (never imported by the parent).
+"""Everything that bends flair inside the workers (the notebook's process never imports it).
 
 * :func:`allow_cpu_ddp`: flair wraps the model as ``DistributedDataParallel(model,
   device_ids=[flair.device.index])``, i.e. ``[None]`` on CPU, which torch rejects. On CPU the ids
   become ``None``, so flair's whole ``multi_gpu=True`` path runs with gloo.
+  :func:`bend_flair_launcher_for_cpu` does the same for flair's own launcher in a script (for comparisons).
 * :func:`instrument_trainer`: every ``train``/``fine_tune``/``train_custom`` call gets a fresh
   :class:`StreamingPlugin`, and a call that forgets ``multi_gpu=True`` while several processes run
   is stopped before every rank trains the whole corpus on its own.
@@ -223,6 +224,32 @@ def allow_cpu_ddp() -> None:
         return ddp(module, device_ids=device_ids, **kwargs)
 
     trainer_module.DistributedDataParallel = distributed_data_parallel
+
+
+def bend_flair_launcher_for_cpu(processes: int) -> None:
+    """Let flair's own ``launch_distributed`` run ``processes`` CPU ranks over gloo, in a script, with no GPU.
+
+    flair's launcher counts GPUs for its world size and joins NCCL on ``cuda:rank``: on a machine without
+    GPU it starts 0 processes and waits forever. Bent here: the world size is ``processes``, each rank joins
+    gloo on flair's own address and port (``localhost:12355``) with ``flair.device`` the CPU, and the trainer
+    wraps CPU models in DDP (:func:`allow_cpu_ddp`). Nothing else of flair's lifecycle changes. Call it when
+    the script is imported: spawned ranks re-import it. The benchmarks and the parity test run flair's way
+    with it, for comparison with the kit.
+    """
+    import os
+
+    import flair
+    import flair.distributed_utils as distributed_utils
+    from torch.distributed import init_process_group
+
+    def ddp_setup(rank: int, world_size: int) -> None:
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "localhost", "12355"
+        flair.device = torch.device("cpu")
+        init_process_group(backend="gloo", rank=rank, world_size=world_size)
+
+    distributed_utils._ddp_setup = ddp_setup
+    distributed_utils.torch.cuda.device_count = lambda: processes
+    allow_cpu_ddp()
 
 
 def instrument_trainer(

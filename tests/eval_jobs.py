@@ -8,6 +8,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import torch
+from flair.models import TextClassifier
+
 KINDS = ("text", "multi_label", "tagger_crf", "tagger", "pair", "regression", "relation")
 BATCH = 4
 TEST_SIZE = 37  # 10 batches of 4 (the last of 1): uneven shares on 2 ranks
@@ -157,11 +160,12 @@ def summary(result) -> tuple:
 
 def evaluate_everywhere(kinds: tuple, model_path: str, base_path: str) -> dict:
     """On every rank: train each kind one epoch (the trainer's dev evaluations are shared out too), then evaluate
-    it on each split; rank 0 returns the models, results and files, with what every rank got and computed."""
+    it on each split; rank 0 returns the models, results and files, with what every rank got and computed, and
+    whether each evaluation left the random streams where flair's own leaves them."""
     import torch.distributed as dist
     from flair.trainers import ModelTrainer
 
-    from flair_nbddp import distributed_eval
+    from flair_nbddp import distributed_eval, random_streams
 
     rank, world = dist.get_rank(), dist.get_world_size()
     returned = {}
@@ -181,22 +185,71 @@ def evaluate_everywhere(kinds: tuple, model_path: str, base_path: str) -> dict:
         dist.all_gather_object(trained, distributed_eval.batches_computed() - before_training)
         outcome = {
             "model": model, "results": {}, "files": {}, "written": {}, "every_rank": {}, "computed_here": {},
-            "computed_in_training": trained, "epochs": epochs, "sizes": (len(corpus.dev), len(corpus.test)),
+            "streams_as_flairs": {}, "computed_in_training": trained, "epochs": epochs, "sizes": (len(corpus.dev), len(corpus.test)),
         }  # fmt: skip
         for name, points in splits(corpus).items():
             out = base / f"rank{rank}-{name}.tsv"
             before = distributed_eval.batches_computed()
+            streams = random_streams.snapshot()
             result = evaluated(model, points, label_type, out)
             here = distributed_eval.batches_computed() - before
             seen: list = [None] * world
-            dist.all_gather_object(seen, (summary(result), here))
+            as_flairs = _streams_left_as_flairs(model, points, label_type, streams)
+            dist.all_gather_object(seen, (summary(result), here, as_flairs))
             outcome["results"][name] = result
             outcome["written"][name] = [r for r in range(world) if (base / f"rank{r}-{name}.tsv").exists()]
             outcome["files"][name] = out.read_text() if out.exists() else None
             outcome["every_rank"][name] = [entry[0] for entry in seen]
             outcome["computed_here"][name] = [entry[1] for entry in seen]
+            outcome["streams_as_flairs"][name] = [entry[2] for entry in seen]
         returned[kind] = outcome
     return returned
+
+
+def _streams_left_as_flairs(model, points: list, label_type: str, before) -> bool:
+    """Whether the evaluation just made (from the random streams at ``before``) left every stream where flair's own
+    ``evaluate`` of the whole split leaves it: run that from ``before`` and compare."""
+    import inspect
+
+    from flair_nbddp import random_streams
+
+    after = random_streams.snapshot()
+    random_streams.restore(before)
+    flairs = inspect.unwrap(type(model).evaluate)
+    try:
+        flairs(model, points, gold_label_type=label_type, mini_batch_size=BATCH)
+    except ValueError:  # TextRegressor on one point, as in evaluated()
+        pass
+    return random_streams.snapshot() == after
+
+
+class DrawingClassifier(TextClassifier):
+    """A ``TextClassifier`` whose ``predict`` draws a random number first, as Monte Carlo dropout would."""
+
+    def predict(self, *args, **kwargs):
+        torch.rand(1)
+        return super().predict(*args, **kwargs)
+
+
+def evaluate_a_classifier_whose_prediction_draws(model_path: str) -> dict:
+    """A classifier whose ``predict`` draws a random number (as Monte Carlo dropout would) evaluates the test split
+    on every rank; returns the model, the result, the batches each rank computed in shares and whether each
+    rank's random streams were left where flair's own evaluation leaves them."""
+    import torch.distributed as dist
+    from flair.embeddings import TransformerDocumentEmbeddings
+
+    from flair_nbddp import distributed_eval, random_streams
+
+    corpus = _corpus(_sentiment, 8)
+    label_dictionary = corpus.make_label_dictionary("sentiment", add_unk=False)
+    model = DrawingClassifier(TransformerDocumentEmbeddings(model_path), "sentiment", label_dictionary=label_dictionary)
+    model.eval()
+    points, streams, before = splits(corpus)["test"], random_streams.snapshot(), distributed_eval.batches_computed()
+    result = summary(evaluated(model, points, "sentiment", None))
+    computed = distributed_eval.batches_computed() - before
+    seen: list = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, (computed, _streams_left_as_flairs(model, points, "sentiment", streams)))
+    return {"model": model, "result": result, "computed": [e[0] for e in seen], "as_flairs": [e[1] for e in seen]}
 
 
 def evaluate_on_rank_0_only(kind: str, model_path: str, base_path: str) -> dict:

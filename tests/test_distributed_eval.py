@@ -177,6 +177,13 @@ def test_shared_out_evaluation_equals_one_process_on_the_whole_split(shared_out,
 
 @pytest.mark.process
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_shared_out_evaluation_leaves_the_random_streams_where_flairs_own_does(shared_out, kind):
+    # what the training after it draws (dropout, shuffling) must be flair's: tests/test_parity.py shows the curves
+    assert shared_out[0][kind]["streams_as_flairs"] == {name: [True, True] for name in ("test", "one", "none")}
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_trainers_dev_and_test_evaluations_are_shared_out(shared_out, kind):
     outcome = shared_out[0][kind]
     dev, test = outcome["sizes"]
@@ -216,6 +223,20 @@ def test_a_model_with_its_own_evaluate_is_evaluated_whole_with_one_notice(tiny_m
                     dashboard=False, seed=3)  # fmt: skip
     assert len(result.value) == 2 and result.value[0] == result.value[1]
     notice = "flair_nbddp: TextPairRegressor.evaluate runs on the whole split on every rank"
+    assert result.log.count(notice) == 1, result.log[-3000:]
+
+
+@pytest.mark.process
+def test_a_model_whose_prediction_draws_random_numbers_is_evaluated_whole_with_one_notice(tiny_model_path):
+    result = launch(eval_jobs.evaluate_a_classifier_whose_prediction_draws, (tiny_model_path,), processes=2,
+                    device="cpu", dashboard=False, seed=3)  # fmt: skip
+    value = result.value
+    corpus, _, label_type = eval_jobs.build("text", tiny_model_path)
+    assert value["result"] == _single_process(value["model"], eval_jobs.splits(corpus)["test"], label_type, None)
+    # shared out, the draws of the training after it would change: the split was evaluated whole, as flair does
+    assert value["as_flairs"] == [True, True]
+    assert value["computed"] == [5, 5]  # each rank computed its share first, then evaluated the whole split
+    notice = "DrawingClassifier.evaluate runs on the whole split on every rank: its prediction draws random numbers"
     assert result.log.count(notice) == 1, result.log[-3000:]
 
 

@@ -1,0 +1,48 @@
+"""The random streams shared evaluation keeps as flair's order leaves them (fast tier: one process)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from flair.data import Sentence
+from flair.datasets import DataLoader, FlairDatapointDataset
+
+from flair_nbddp import random_streams
+
+
+def test_a_restore_puts_every_stream_back():
+    before = random_streams.snapshot()
+    drawn = (random.random(), np.random.rand(), torch.rand(2).tolist())
+    random_streams.restore(before)
+    assert random_streams.snapshot() == before
+    assert (random.random(), np.random.rand(), torch.rand(2).tolist()) == drawn
+
+
+@pytest.mark.parametrize("iterators", [0, 1, 3])
+def test_the_draws_of_flairs_data_loaders_are_counted_and_replayed(iterators):
+    before = random_streams.snapshot()
+    for _ in range(iterators):  # what SequenceTagger.predict does once per batch
+        iter(DataLoader(FlairDatapointDataset([Sentence("a b")]), batch_size=4))
+    after = random_streams.snapshot()
+    assert random_streams.loader_iterators_between(before, after) == iterators
+    assert random_streams.snapshot() == after  # left where the step left them
+
+    random_streams.restore(before)
+    random_streams.draw_loader_iterators(iterators)
+    assert random_streams.snapshot() == after
+
+
+@pytest.mark.parametrize(
+    "draw",
+    [random.random, np.random.rand, lambda: torch.rand(1), lambda: torch.randperm(10), lambda: torch.rand(10_000)],
+    ids=["python", "numpy", "one-word", "permutation", "too-many"],
+)
+def test_any_other_draw_is_found_out(draw):
+    before = random_streams.snapshot()
+    draw()
+    after = random_streams.snapshot()
+    assert random_streams.loader_iterators_between(before, after) is None
+    assert random_streams.snapshot() == after
