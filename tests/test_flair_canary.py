@@ -1,0 +1,137 @@
+"""The flair canary: every flair name the kit patches, wraps, calls, subclasses or reads is where the kit expects it.
+
+The kit bends flair 0.15.x in its workers (``flair_compat.py``, ``distributed_eval.py``, ``lazy_corpus.py``) and
+reads its data structures attribute by attribute (``codec.py``). A flair release that moves or renames one of
+these fails here in seconds, naming it, instead of deep inside a multi-process test. Fast tier: nothing starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+
+import pytest
+
+# flair names the kit assigns to, wraps or calls, by dotted path
+ATTRIBUTES = [
+    "flair.device", "flair.set_seed",
+    "flair.distributed_utils._ddp_setup", "flair.distributed_utils.torch", "flair.distributed_utils.launch_distributed",
+    "flair.trainers.ModelTrainer", "flair.trainers.trainer.DistributedDataParallel",
+    "flair.trainers.trainer.store_embeddings", "flair.training_utils.store_embeddings",
+    "flair.trainers.plugins.TrainerPlugin.hook", "flair.trainers.plugins.TrainerPlugin.trainer",
+    "flair.trainers.plugins.TrainerPlugin.model", "flair.trainers.plugins.base.TrainingInterrupt",
+    "flair.trainers.plugins.metric_records.MetricRecord.is_histogram",
+    "flair.trainers.plugins.metric_records.MetricRecord.is_scalar_list",
+    "flair.trainers.plugins.metric_records.MetricRecord.joined_name",
+    "flair.nn.Model._get_state_dict", "flair.nn.Model.load", "flair.nn.Model.save",
+    "flair.models.TextRegressor.forward_labels_and_loss",
+    "flair.datasets.DataLoader", "flair.datasets.FlairDatapointDataset",
+    "flair.data.Corpus.make_label_dictionary", "flair.data.FlairDataset.is_in_memory", "flair.data.ConcatFlairDataset",
+    "flair.data.Sentence.to_tokenized_string", "flair.data.Sentence.to_original_text", "flair.data.Sentence.get_spans",
+    "flair.data.DataPoint.add_label", "flair.data.DataPoint.remove_labels", "flair.data.DataPoint.get_labels",
+    "flair.data.Span.unlabeled_identifier", "flair.data.Relation.unlabeled_identifier",
+]  # fmt: skip
+
+# functions the kit calls or wraps, with the parameters it binds or passes by name
+PARAMETERS = {
+    "flair.trainers.ModelTrainer.train_custom": ("base_path", "max_epochs", "multi_gpu", "plugins", "save_final_model"),
+    "flair.trainers.ModelTrainer.train": ("multi_gpu", "plugins", "embeddings_storage_mode"),
+    "flair.trainers.ModelTrainer.fine_tune": ("max_epochs", "mini_batch_size", "mini_batch_chunk_size", "learning_rate",
+                                              "multi_gpu", "plugins"),
+    "flair.training_utils.store_embeddings": ("data_points", "storage_mode", "dynamic_embeddings"),
+    "flair.nn.Classifier.evaluate": ("data_points", "gold_label_type", "out_path", "embedding_storage_mode",
+                                     "mini_batch_size", "return_loss"),
+    "flair.models.TextRegressor.evaluate": ("data_points", "gold_label_type", "out_path", "mini_batch_size"),
+    "flair.nn.DefaultClassifier.predict": ("embedding_storage_mode", "mini_batch_size", "label_name", "return_loss"),
+    "flair.models.SequenceTagger.predict": ("embedding_storage_mode", "mini_batch_size", "label_name", "return_loss"),
+    "flair.data.Corpus.__init__": ("train", "dev", "test", "name", "sample_missing_splits"),
+    "flair.data.Sentence.__init__": ("text", "use_tokenizer"),
+    "flair.data.Label.__init__": ("data_point", "value", "score"),
+}  # fmt: skip
+
+
+def resolve(path: str):
+    """The object at a dotted path: the longest importable module, then attributes."""
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            found = inspect.getattr_static(found, name) if isinstance(found, type) else getattr(found, name)
+        return found
+    raise ImportError(path)
+
+
+@pytest.mark.parametrize("path", ATTRIBUTES)
+def test_flair_has_what_the_kit_uses(path):
+    try:
+        resolve(path)
+    except (AttributeError, ImportError) as missing:
+        pytest.fail(f"flair no longer has {path} ({missing!r}), which flair_nbddp relies on")
+
+
+@pytest.mark.parametrize("path", PARAMETERS)
+def test_flairs_functions_take_the_parameters_the_kit_names(path):
+    parameters = inspect.signature(resolve(path)).parameters
+    missing = [name for name in PARAMETERS[path] if name not in parameters]
+    assert not missing, f"{path} no longer takes {missing}, which flair_nbddp passes or binds by name"
+
+
+def test_every_hook_of_the_kits_plugin_is_an_event_flairs_trainer_dispatches():
+    from flair.trainers import ModelTrainer
+    from flair.trainers.plugins import TrainerPlugin
+
+    from flair_nbddp.flair_compat import StreamingPlugin
+
+    hooks = {event for method in vars(StreamingPlugin).values() for event in getattr(method, "_plugin_hook_events", ())}
+    assert len(hooks) >= 8 and hooks <= ModelTrainer.valid_events, sorted(hooks - ModelTrainer.valid_events)
+    assert TrainerPlugin.attach_to_all_processes  # the per-batch stop agreement needs the plugin on every rank
+
+
+def test_flairs_model_classes_are_where_shared_evaluation_wraps_them():
+    from flair.models import SequenceTagger, TextClassifier, TextRegressor
+    from flair.nn import Classifier, Model
+
+    assert issubclass(TextClassifier, Classifier) and issubclass(SequenceTagger, Classifier)
+    assert "evaluate" not in vars(TextClassifier) and "evaluate" not in vars(SequenceTagger)  # Classifier's is theirs
+    assert "evaluate" in vars(TextRegressor) and not issubclass(TextRegressor, Classifier)
+    assert issubclass(Classifier, Model) and "evaluate" in vars(Classifier)
+
+
+def test_flairs_data_points_hold_the_attributes_the_codec_reads_and_writes():
+    from flair.data import Corpus, DataPair, DataTriple, Label, Relation, Sentence, Token
+    from flair.datasets import FlairDatapointDataset
+
+    sentence = Sentence("Anna met Emil in Oslo .")
+    span = sentence[0:1]
+    span.add_label("ner", "PER")
+    relation = Relation(span, sentence[4:5])
+    label = sentence.get_labels("ner")[0]
+    expected = {
+        sentence: ("tokens", "_known_spans", "_previous_sentence", "_next_sentence", "language_code",
+                   "_start_position", "tokenized", "is_document_boundary", "_has_context", "_position_in_dataset",
+                   "annotation_layers", "_embeddings", "_metadata"),
+        sentence[0]: ("form", "whitespace_after", "_start_position", "_internal_index", "head_id", "tags_proba_dist",
+                      "sentence", "idx", "text"),
+        span: ("tokens", "initialized", "sentence"),
+        relation: ("first", "second"),
+        label: ("data_point", "value", "score", "metadata"),
+        DataPair(Sentence("a"), Sentence("b")): ("first", "second", "concatenated_data"),
+        DataTriple(Sentence("a"), Sentence("b"), Sentence("c")): ("first", "second", "third"),
+        FlairDatapointDataset([sentence]): ("datapoints",),
+        Corpus(FlairDatapointDataset([sentence]), sample_missing_splits=False): ("_test", "train", "dev", "test"),
+    }  # fmt: skip
+    missing = [f"{type(obj).__name__}.{name}" for obj, names in expected.items() for name in names
+               if not hasattr(obj, name)]  # fmt: skip
+    assert not missing, f"flair's data points lost {missing}, which flair_nbddp's codec reads or writes"
+    assert isinstance(sentence[0], Token) and isinstance(label, Label)
+
+
+def test_flairs_logger_is_the_one_the_kit_quiets_and_restores():
+    import flair  # noqa: F401 - sets the logger up
+
+    logger = logging.getLogger("flair")
+    assert logger.handlers and not logger.propagate
