@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -41,21 +40,6 @@ for kind in KINDS:
 print("RESULT " + json.dumps(figures))
 """,
 ]
-
-
-def flairs_own(device: str, model: str, workdir: str) -> dict:
-    sys.path.insert(0, str(TESTS))
-    from parity_jobs import KINDS
-
-    env = dict(os.environ)
-    if device == "cpu":  # the kit gives each CPU rank its share of the cores: so must the script
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // 2)))
-    command = [sys.executable, str(TESTS / "flair_own_launcher.py"), device, model, f"{workdir}/flair", *KINDS]
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("FIGURES ")]
-    if done.returncode or not lines:
-        sys.exit(f"flair's own launcher failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("FIGURES ") :])
 
 
 def the_kits(device: str, model: str, workdir: str) -> dict:
@@ -104,7 +88,12 @@ def main() -> None:
 
     workdir = tempfile.mkdtemp(prefix="parity-")
     model = tiny_transformer(Path(workdir, "model"))
-    flair, kit = flairs_own(args.device, model, workdir), the_kits(args.device, model, workdir)
+    sys.path.insert(0, str(TESTS))
+    from flair_own_launcher import figures
+    from parity_jobs import KINDS
+
+    flair = figures(args.device, model, f"{workdir}/flair", list(KINDS))
+    kit = the_kits(args.device, model, workdir)
     figures = {"device": args.device, **compare(flair, kit), "versions": versions()}
     print(json.dumps(figures))
     if args.json:

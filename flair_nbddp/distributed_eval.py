@@ -18,9 +18,9 @@ flair 0.15.1 evaluates the whole split on every rank. Here, whenever several ran
 Training after an evaluation draws on where it left the random number streams, so the evaluation must leave
 them exactly as flair's own would on that rank (else a seeded run drifts from flair's from the second epoch).
 The share runs between a snapshot and a restore of every stream, each batch's step counting the data-loader
-iterators it drew (``SequenceTagger.predict`` makes one per batch), and the replayed step draws as many
-(``random_streams.py``): flair's ``evaluate`` draws its own loader's seed itself. A step that draws anything
-else cannot be replayed, and its split is evaluated whole, as flair does.
+iterators it made (``SequenceTagger.predict`` makes one per batch), and the replayed step draws as many
+(``random_streams.py``): flair's ``evaluate`` draws its own loader's seed itself. A model whose step draws
+anything else is evaluated whole, as flair does, for the rest of the job, with one notice.
 
 No sample is evaluated twice and none is left out: uneven shares, fewer batches than ranks and empty shares
 are just fewer batches for some ranks.
@@ -63,6 +63,7 @@ class _Job:
     depth: int = 0  # sharded evaluations running now (a model's evaluate may call its parent's)
     sharded_inside: bool = False
     noticed: frozenset = frozenset()
+    whole: frozenset = frozenset()  # model classes whose splits are evaluated whole for the rest of the job
     computed: int = 0  # batches of shared-out evaluations this rank computed
 
 
@@ -108,7 +109,7 @@ def batches_computed() -> int:
     """How many evaluation batches this rank has computed in shared-out evaluations of the current job.
 
     With 2 ranks and a split of 10 batches, one evaluation adds 5 on each rank (the whole split: 10 on both
-    with ``distributed_eval=False``, which this does not count).
+    with ``distributed_eval=False``, which this does not count, nor a share thrown away to evaluate whole).
     """
     return _JOB.computed
 
@@ -172,34 +173,12 @@ def _sharded(evaluate: Callable, step: _Step) -> Callable:
         if _WORLD.rank != 0:
             call.arguments["out_path"] = None  # rank 0 writes the file, once
         _JOB.depth += 1
-        streams = random_streams.snapshot()  # the share draws nothing: the replay draws what flair's steps draw
         try:
-            batches = _batches(call.arguments["data_points"], call.arguments["mini_batch_size"])
-            mine = {
-                index: _measured(step, self, batch, call.arguments)
-                for index, batch in enumerate(batches)
-                if index % _WORLD.size == _WORLD.rank
-            }
-            _JOB.computed += len(mine)
-            gathered: list = [None] * _WORLD.size
-            dist.all_gather_object(gathered, mine, group=_WORLD.group)
-            random_streams.restore(streams)
-            records = {index: record for share in gathered for index, record in share.items()}
-            unlocated = any(record is None for record, _ in records.values())
-            if unlocated or any(draws is None for _, draws in records.values()) or len(records) != len(batches):
-                _notice(
-                    type(self).__name__,
-                    "runs on the whole split on every rank: "
-                    + (
-                        "some of its predictions are on objects the kit cannot locate"
-                        if unlocated
-                        else "its prediction draws random numbers, which a shared-out evaluation would draw in "
-                        "another order than flair's (and so change the training after it)"
-                    ),
-                )
+            records = None if type(self) in _JOB.whole else _share(step, self, call.arguments)
+            if records is None:
                 return evaluate(*call.args, **call.kwargs)
             _JOB.sharded_inside = True
-            with step.replaying(self, [records[index] for index in range(len(batches))]):
+            with step.replaying(self, records):
                 return evaluate(*call.args, **call.kwargs)
         finally:
             _JOB.depth -= 1
@@ -216,11 +195,44 @@ def _batches(data_points: Any, mini_batch_size: int) -> list[list]:
     return list(DataLoader(dataset, batch_size=mini_batch_size))
 
 
-def _measured(step: _Step, model: Any, batch: list, arguments: dict) -> tuple[Any, int | None]:
-    """This rank's record of one batch, and how many data-loader iterators its step drew (None: other draws)."""
-    before = random_streams.snapshot()
-    record = step.record(model, batch, arguments)
-    return record, random_streams.loader_iterators_between(before, random_streams.snapshot())
+def _share(step: _Step, model: Any, arguments: dict) -> list | None:
+    """Every batch's record and draws: this rank computes its share, the others' are gathered. None (with a
+    notice, and for the rest of the job) where this model's splits must be evaluated whole. The random streams
+    end where they began: the replay draws what flair's steps draw."""
+    streams = random_streams.snapshot()
+    try:
+        batches = _batches(arguments["data_points"], arguments["mini_batch_size"])
+        mine = {
+            index: random_streams.loader_draws(functools.partial(step.record, model, batch, arguments))
+            for index, batch in enumerate(batches)
+            if index % _WORLD.size == _WORLD.rank
+        }
+        gathered: list = [None] * _WORLD.size
+        dist.all_gather_object(gathered, mine, group=_WORLD.group)
+    finally:
+        random_streams.restore(streams)
+    records = {index: record for share in gathered for index, record in share.items()}
+    why = _why_whole(records, len(batches))
+    if why:
+        _JOB.whole |= {type(model)}
+        _notice(type(model).__name__, f"runs on the whole split on every rank: {why}")
+        return None
+    _JOB.computed += len(mine)
+    return [records[index] for index in range(len(batches))]
+
+
+def _why_whole(records: dict[int, tuple[Any, int | None]], batches: int) -> str | None:
+    """Why the gathered ``records`` of a split of ``batches`` batches cannot be replayed; None if they can."""
+    if len(records) != batches:
+        return "the ranks cut the split into different batches"
+    if any(record is None for record, _ in records.values()):
+        return "some of its predictions are on objects the kit cannot locate"
+    if any(draws is None for _, draws in records.values()):
+        return (
+            "its prediction draws random numbers, which a shared-out evaluation would draw in another order than "
+            "flair's (changing its predictions and the training after it)"
+        )
+    return None
 
 
 def _call_fingerprint(model: Any, arguments: dict) -> str:

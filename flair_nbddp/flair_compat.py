@@ -22,6 +22,7 @@ import copy
 import functools
 import logging
 import time
+import types
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -230,11 +231,12 @@ def bend_flair_launcher_for_cpu(processes: int) -> None:
     """Let flair's own ``launch_distributed`` run ``processes`` CPU ranks over gloo, in a script, with no GPU.
 
     flair's launcher counts GPUs for its world size and joins NCCL on ``cuda:rank``: on a machine without
-    GPU it starts 0 processes and waits forever. Bent here: the world size is ``processes``, each rank joins
-    gloo on flair's own address and port (``localhost:12355``) with ``flair.device`` the CPU, and the trainer
-    wraps CPU models in DDP (:func:`allow_cpu_ddp`). Nothing else of flair's lifecycle changes. Call it when
-    the script is imported: spawned ranks re-import it. The benchmarks and the parity test run flair's way
-    with it, for comparison with the kit.
+    GPU it starts 0 processes and waits forever. Bent here: the launcher counts ``processes`` (torch itself
+    still counts the GPUs there are), each rank joins gloo on flair's own address and port
+    (``localhost:12355``) with ``flair.device`` the CPU, and the trainer wraps CPU models in DDP
+    (:func:`allow_cpu_ddp`). Nothing else of flair's lifecycle changes. Call it when the script is imported:
+    spawned ranks re-import it. The benchmarks and the parity test run flair's way with it, for comparison
+    with the kit.
     """
     import os
 
@@ -248,7 +250,8 @@ def bend_flair_launcher_for_cpu(processes: int) -> None:
         init_process_group(backend="gloo", rank=rank, world_size=world_size)
 
     distributed_utils._ddp_setup = ddp_setup
-    distributed_utils.torch.cuda.device_count = lambda: processes
+    cuda = types.SimpleNamespace(**{**vars(torch.cuda), "device_count": lambda: processes})
+    distributed_utils.torch = types.SimpleNamespace(**{**vars(torch), "cuda": cuda})  # its world size alone
     allow_cpu_ddp()
 
 

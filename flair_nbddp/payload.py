@@ -47,13 +47,27 @@ def is_flair_object(obj: object) -> bool:
         >>> is_flair_object(sentiment_corpus(2, 1, 1)), is_flair_object([])
         (True, False)
     """
-    return type(obj).__module__.partition(".")[0] == "flair"
+    return _is_flair_class(type(obj))
 
 
-def _is_flair_model(obj: object) -> bool:
-    """Whether ``obj`` is a flair model: one of flair's classes, or a subclass of one (say, defined in a notebook)."""
+def _is_flair_class(cls: type) -> bool:
+    """Whether ``cls`` is one of flair's own classes (not a subclass of one defined elsewhere)."""
+    return cls.__module__.partition(".")[0] == "flair"
+
+
+def _travels_by_flairs_save(obj: object) -> bool:
+    """Whether ``obj`` is a flair model that flair's own ``load`` rebuilds: one of flair's classes, or a subclass
+    of one (say, defined in a notebook) that adds no constructor flair's ``load`` cannot call. Any other object,
+    a subclass with a constructor of its own among them, travels by cloudpickle."""
     nn = sys.modules.get("flair.nn")  # where flair was never imported, there is no flair model
-    return nn is not None and isinstance(obj, nn.Model)
+    if nn is None or not isinstance(obj, nn.Model):
+        return False
+    for cls in type(obj).__mro__:
+        if _is_flair_class(cls):
+            return True
+        if "__init__" in vars(cls) and "_init_model_with_state_dict" not in vars(cls):
+            return False
+    return True
 
 
 def _model_bytes(model: Any) -> bytes:
@@ -124,7 +138,7 @@ class _Pickler(cloudpickle.Pickler):
         self.digests: dict[int, str] = {}
 
     def reducer_override(self, obj: Any) -> Any:
-        if _is_flair_model(obj):
+        if _travels_by_flairs_save(obj):
             data = _model_bytes(obj)
             self.digests[id(obj)] = hashlib.sha256(data).hexdigest()
             return rebuild_model, (type(obj), data)

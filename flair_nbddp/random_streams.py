@@ -1,11 +1,11 @@
 """A worker's random number streams, so that work done out of flair's order leaves them as flair's order would.
 
 The streams are Python's ``random``, NumPy's global generator, torch's CPU generator and, once CUDA is in use,
-the current GPU's. Training draws from them (dropout masks, shuffling), so a seeded run reproduces flair's only
-if everything before a batch drew exactly what flair's own code draws there. Shared evaluation
+every GPU's. Training draws from them (dropout masks, shuffling), so a seeded run reproduces flair's only if
+everything before a batch drew exactly what flair's own code draws there. Shared evaluation
 (``distributed_eval.py``) computes a rank's share of the batches first and replays flair's ``evaluate`` after:
-the share runs between a :func:`snapshot` and a :func:`restore`, and the replay makes the draws each batch step
-made (:func:`loader_iterators_between`, :func:`draw_loader_iterators`).
+the share runs between a :func:`snapshot` and a :func:`restore`, each batch's step through :func:`loader_draws`,
+and the replay makes the draws each step made (:func:`draw_loader_iterators`).
 
 The only draws flair's evaluation steps make are those of its data loaders: every iterator of a torch
 ``DataLoader`` takes one seed from torch's CPU generator (``SequenceTagger.predict`` makes one per batch,
@@ -19,22 +19,24 @@ Example:
     >>> restore(before)
     >>> snapshot() == before
     True
-    >>> draw_loader_iterators(2)
-    >>> loader_iterators_between(before, snapshot())
-    2
+    >>> loader_draws(lambda: iter(DataLoader(())))[1]
+    1
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-MOST_ITERATORS = 64  # per step; more draws than this are not a few data loaders
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,35 +45,32 @@ class Snapshot:
 
     python: tuple
     numpy: tuple
-    torch: torch.Tensor
-    cuda: torch.Tensor | None
+    cpu: torch.Tensor
+    gpus: tuple[torch.Tensor, ...]  # one state per GPU; none before CUDA is in use
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Snapshot) and self.others_equal(other) and torch.equal(self.torch, other.torch)
-
-    def others_equal(self, other: Snapshot) -> bool:
-        """Whether every stream but torch's CPU generator is where ``other`` has it."""
-        if self.python != other.python or (self.cuda is None) != (other.cuda is None):
-            return False
-        if self.cuda is not None and not torch.equal(self.cuda, other.cuda):
+        if not isinstance(other, Snapshot) or self.python != other.python or len(self.gpus) != len(other.gpus):
             return False
         mine, theirs = self.numpy, other.numpy
-        return mine[0] == theirs[0] and np.array_equal(mine[1], theirs[1]) and mine[2:] == theirs[2:]
+        return (
+            mine[0] == theirs[0] and np.array_equal(mine[1], theirs[1]) and mine[2:] == theirs[2:]
+            and torch.equal(self.cpu, other.cpu) and all(map(torch.equal, self.gpus, other.gpus))
+        )  # fmt: skip
 
 
 def snapshot() -> Snapshot:
-    """Where every stream is now."""
-    cuda = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None
-    return Snapshot(random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
+    """Where every stream is now (reading a GPU's state does not wait for the GPU)."""
+    gpus = tuple(torch.cuda.get_rng_state_all()) if torch.cuda.is_initialized() else ()
+    return Snapshot(random.getstate(), np.random.get_state(), torch.get_rng_state(), gpus)
 
 
 def restore(state: Snapshot) -> None:
     """Put every stream back where ``state`` has it."""
     random.setstate(state.python)
     np.random.set_state(state.numpy)
-    torch.set_rng_state(state.torch)
-    if state.cuda is not None:
-        torch.cuda.set_rng_state(state.cuda)
+    torch.set_rng_state(state.cpu)
+    if state.gpus:
+        torch.cuda.set_rng_state_all(state.gpus)
 
 
 def draw_loader_iterators(count: int) -> None:
@@ -80,18 +79,37 @@ def draw_loader_iterators(count: int) -> None:
         iter(DataLoader(()))
 
 
-def loader_iterators_between(before: Snapshot, after: Snapshot) -> int | None:
-    """How many data-loader iterators took the streams from ``before`` to ``after``; None if something else drew.
+def loader_draws(step: Callable[[], T]) -> tuple[T, int | None]:
+    """``step()``'s value, and how many data-loader iterators it drew; None if it drew anything else.
 
-    Leaves the streams at ``after``.
+    The count is of the iterators ``step`` made, checked: drawing that many from where the streams were must
+    leave them where ``step`` left them. The streams are left where ``step`` left them.
     """
-    found: Any = None
-    if before.others_equal(after):
-        restore(before)
-        for count in range(MOST_ITERATORS + 1):
-            if torch.equal(torch.get_rng_state(), after.torch):
-                found = count
-                break
-            draw_loader_iterators(1)
+    before = snapshot()
+    with _counting_loader_iterators() as made:
+        value = step()
+    after = snapshot()
+    if not made:
+        return value, 0 if after == before else None
+    restore(before)
+    draw_loader_iterators(len(made))
+    replayed = snapshot() == after
     restore(after)
-    return found
+    return value, len(made) if replayed else None
+
+
+@contextlib.contextmanager
+def _counting_loader_iterators() -> Iterator[list[Any]]:
+    """A list that gets an entry for every data-loader iterator made inside the block (in this process)."""
+    made: list[Any] = []
+    original = _BaseDataLoaderIter.__init__
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        made.append(None)
+        original(self, *args, **kwargs)
+
+    _BaseDataLoaderIter.__init__ = counted
+    try:
+        yield made
+    finally:
+        _BaseDataLoaderIter.__init__ = original

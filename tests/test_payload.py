@@ -143,6 +143,30 @@ def test_flair_model_travels_through_flair_save_and_arrives_on_cpu(tmp_path, tin
     assert [(l.value, round(l.score, 5)) for l in original.labels] == [(l.value, round(l.score, 5)) for l in copy.labels]
 
 
+def test_a_model_class_with_a_constructor_of_its_own_travels_whole(tmp_path):
+    import torch
+    from flair.embeddings import DocumentPoolEmbeddings, OneHotEmbeddings
+    from flair.models import TextClassifier
+
+    from flair_nbddp.synthetic import sentiment_corpus
+
+    class Tempered(TextClassifier):  # flair's load could not call this constructor: cloudpickle carries it
+        def __init__(self, temperature: float, **kwargs):
+            super().__init__(**kwargs)
+            self.temperature = temperature
+
+    corpus = sentiment_corpus(8, 2, 2)
+    model = Tempered(
+        2.0, embeddings=DocumentPoolEmbeddings([OneHotEmbeddings.from_corpus(corpus, embedding_length=8)]),
+        label_type="sentiment", label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False),
+    )  # fmt: skip
+    model.note = "kept"
+    payload.write_result(tmp_path / "r.pkl", model)
+    back = payload.read_result(tmp_path / "r.pkl")
+    assert (type(back).__name__, back.temperature, back.note) == ("Tempered", 2.0, "kept")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
+
+
 def test_result_round_trip_of_plain_data(tmp_path):
     value = {"scores": [0.5, 0.75], "text": "é" * 10}
     payload.write_result(tmp_path / "r.pkl", value)

@@ -23,12 +23,17 @@ def test_a_restore_puts_every_stream_back():
 
 @pytest.mark.parametrize("iterators", [0, 1, 3])
 def test_the_draws_of_flairs_data_loaders_are_counted_and_replayed(iterators):
+    def step() -> str:  # what SequenceTagger.predict does once per batch
+        for _ in range(iterators):
+            iter(DataLoader(FlairDatapointDataset([Sentence("a b")]), batch_size=4))
+        return "predicted"
+
     before = random_streams.snapshot()
-    for _ in range(iterators):  # what SequenceTagger.predict does once per batch
-        iter(DataLoader(FlairDatapointDataset([Sentence("a b")]), batch_size=4))
-    after = random_streams.snapshot()
-    assert random_streams.loader_iterators_between(before, after) == iterators
-    assert random_streams.snapshot() == after  # left where the step left them
+    assert random_streams.loader_draws(step) == ("predicted", iterators)
+    after = random_streams.snapshot()  # left where the step left them
+    random_streams.restore(before)
+    step()
+    assert random_streams.snapshot() == after
 
     random_streams.restore(before)
     random_streams.draw_loader_iterators(iterators)
@@ -37,12 +42,19 @@ def test_the_draws_of_flairs_data_loaders_are_counted_and_replayed(iterators):
 
 @pytest.mark.parametrize(
     "draw",
-    [random.random, np.random.rand, lambda: torch.rand(1), lambda: torch.randperm(10), lambda: torch.rand(10_000)],
-    ids=["python", "numpy", "one-word", "permutation", "too-many"],
-)
+    [
+        random.random, np.random.rand, lambda: torch.rand(1), lambda: torch.randperm(10),
+        lambda: torch.rand(2),  # as much of torch's generator as one loader's seed, yet not a loader's
+        lambda: torch.nn.functional.dropout(torch.ones(8), 0.5, training=True),
+        lambda: (iter(DataLoader(())), torch.rand(2)),  # a loader, and more
+    ],
+    ids=["python", "numpy", "one-word", "permutation", "a-seeds-worth", "dropout", "a-loader-and-more"],
+)  # fmt: skip
 def test_any_other_draw_is_found_out(draw):
+    assert random_streams.loader_draws(lambda: None) == (None, 0)
     before = random_streams.snapshot()
     draw()
     after = random_streams.snapshot()
-    assert random_streams.loader_iterators_between(before, after) is None
+    random_streams.restore(before)
+    assert random_streams.loader_draws(draw)[1] is None
     assert random_streams.snapshot() == after
