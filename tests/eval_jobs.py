@@ -185,7 +185,8 @@ def evaluate_everywhere(kinds: tuple, model_path: str, base_path: str) -> dict:
         dist.all_gather_object(trained, distributed_eval.batches_computed() - before_training)
         outcome = {
             "model": model, "results": {}, "files": {}, "written": {}, "every_rank": {}, "computed_here": {},
-            "streams_as_flairs": {}, "computed_in_training": trained, "epochs": epochs, "sizes": (len(corpus.dev), len(corpus.test)),
+            "streams_as_flairs": {}, "computed_in_training": trained, "epochs": epochs,
+            "sizes": (len(corpus.dev), len(corpus.test)),
         }  # fmt: skip
         for name, points in splits(corpus).items():
             out = base / f"rank{rank}-{name}.tsv"
@@ -278,8 +279,10 @@ def evaluate_a_pair_regressor_twice(model_path: str) -> list:
     return [model.evaluate(pairs, gold_label_type="similarity", mini_batch_size=BATCH).main_score for _ in range(2)]
 
 
-def evaluate_dev_on_rank_0_then_test(kind: str, model_path: str) -> dict:
-    """Rank 0 evaluates dev alone (say, to print it), then every rank evaluates test."""
+def evaluate_dev_on_rank_0_then_test(kind: str, model_path: str, out_dir: str) -> dict:
+    """Rank 0 evaluates dev alone (say, to print it), then every rank evaluates test; each rank writes the batches
+    it computed in shares to ``out_dir`` (no collective after the evaluations: rank 1 returns at once, so rank 0's
+    test evaluation need not wait out the agreement's deadline)."""
     import torch.distributed as dist
 
     from flair_nbddp import distributed_eval
@@ -289,6 +292,5 @@ def evaluate_dev_on_rank_0_then_test(kind: str, model_path: str) -> dict:
     dev = summary(evaluated(model, list(corpus.dev), label_type, None)) if dist.get_rank() == 0 else None
     before = distributed_eval.batches_computed()
     test = summary(evaluated(model, splits(corpus)["test"], label_type, None))
-    computed: list = [None] * dist.get_world_size()
-    dist.all_gather_object(computed, distributed_eval.batches_computed() - before)
-    return {"model": model, "dev": dev, "test": test, "test_computed": computed}
+    Path(out_dir, f"computed-{dist.get_rank()}").write_text(str(distributed_eval.batches_computed() - before))
+    return {"model": model, "dev": dev, "test": test}

@@ -247,11 +247,12 @@ def test_a_split_evaluated_on_rank_0_alone_is_never_mixed_with_the_next_shared_o
     corpus, _, label_type = eval_jobs.build("text", tiny_model_path)
     with WorkerPool(2, "cpu") as pool:
         for _ in range(2):  # the same run directory twice on a warm pool: no state of the first job leaks
-            result = pool.launch(eval_jobs.evaluate_dev_on_rank_0_then_test, ("text", tiny_model_path),
+            result = pool.launch(eval_jobs.evaluate_dev_on_rank_0_then_test, ("text", tiny_model_path, str(tmp_path)),
                                  dashboard=False, seed=3, run_dir=tmp_path / "run")  # fmt: skip
             model = result.value["model"]
             assert result.value["dev"] == _single_process(model, list(corpus.dev), label_type, None)
             assert result.value["test"] == _single_process(model, eval_jobs.splits(corpus)["test"], label_type, None)
             # rank 1's test split met rank 0's dev split: each rank evaluated its own whole, nothing was mixed
-            assert result.value["test_computed"] == [0, 0]
+            assert [(tmp_path / f"computed-{rank}").read_text() for rank in (0, 1)] == ["0", "0"]
+            assert result.elapsed < distributed_eval.AGREEMENT_SECONDS  # rank 1 had returned: no waiting it out
             assert "ran on the whole split on this rank: the other ranks were not evaluating the same split" in result.log
