@@ -4,8 +4,8 @@ Needs ``/usr/bin/chromium`` (``apt-get install chromium``) and the ``playwright`
 ships the driver; no browser download); tests marked :data:`needs_browser` are skipped, naming what is
 missing, where either is absent.
 
-Fixtures (import them into a test module): ``lab`` starts one JupyterLab per module; ``page`` opens a
-fresh Chromium page per test. Helpers write a notebook, open it, run every cell and take screenshots.
+Fixtures (import them into a test module): ``lab`` is the test run's one JupyterLab, with no kernel left from
+an earlier test; ``page`` opens a fresh Chromium page per test. Helpers write a notebook, open it, run every cell and take screenshots.
 
 Example::
 
@@ -32,7 +32,7 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest
 from jupyter_kernel import TEST_ENVIRONMENT
@@ -91,7 +91,25 @@ class JupyterLab:
         return path
 
     def notebook_url(self, name: str) -> str:
-        return f"{self.url}/lab/tree/{name}.ipynb?token={self.token}"
+        """``<name>.ipynb`` in a workspace of its own: no tab an earlier test opened comes back with it."""
+        return f"{self.url}/lab/workspaces/{name}/tree/{name}.ipynb?token={self.token}"
+
+    def api(self, path: str, method: str = "GET") -> Any:
+        """The server's REST API: ``path`` (e.g. ``/api/kernels``) with ``method``; the JSON it answers, if any."""
+        request = urllib.request.Request(
+            f"{self.url}{path}", method=method, headers={"Authorization": f"token {self.token}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            body = response.read()
+        return json.loads(body) if body else None
+
+    def shut_down_kernels(self, timeout: float = 30.0) -> None:
+        """End every kernel (and so its workers) and wait until none is left, as if the server were new."""
+        for kernel in self.api("/api/kernels"):
+            self.api(f"/api/kernels/{kernel['id']}", method="DELETE")
+        deadline = time.monotonic() + timeout
+        while self.api("/api/kernels") and time.monotonic() < deadline:
+            time.sleep(0.2)
 
     def log_tail(self, characters: int = 4000) -> str:
         """The end of the server's (and its kernels') output, for failure messages."""
@@ -181,11 +199,13 @@ def chromium_page(width: int = 1280, height: int = 1000) -> Iterator[Page]:
             browser.close()
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
-    """A JupyterLab server for the test module, serving an empty temporary directory."""
-    with jupyter_lab(tmp_path_factory.mktemp("lab")) as server:
-        yield server
+@pytest.fixture
+def lab(lab_server: JupyterLab) -> Iterator[JupyterLab]:
+    """The test run's one JupyterLab server (``lab_server`` in conftest.py, serving a temporary directory), with no
+    kernel running when the test starts or after it ends; each notebook opens in a workspace of its own."""
+    lab_server.shut_down_kernels()
+    yield lab_server
+    lab_server.shut_down_kernels()
 
 
 @pytest.fixture

@@ -57,6 +57,15 @@ def tiny_model_path(tmp_path_factory):
     return tiny_transformer(tmp_path_factory.mktemp("model") / "tiny")
 
 
+@pytest.fixture(scope="session")
+def lab_server(tmp_path_factory):
+    """The test run's one JupyterLab, started for the first browser test (``browser.lab`` hands it to each)."""
+    from browser import jupyter_lab
+
+    with jupyter_lab(tmp_path_factory.mktemp("lab")) as server:
+        yield server
+
+
 @pytest.fixture
 def no_leftover_processes():
     """Fails the test if it leaves any child process of this one running."""
