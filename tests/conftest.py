@@ -68,9 +68,14 @@ def lab_server(tmp_path_factory):
 
 @pytest.fixture
 def no_leftover_processes():
-    """Fails the test if it leaves any child process of this one running."""
+    """Fails the test if it leaves a child process of this one running (one that was there before it started,
+    such as the test run's JupyterLab, is not the test's)."""
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
     yield
-    children = [c for c in psutil.Process().children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
+    children = [
+        child for child in psutil.Process().children(recursive=True)
+        if child.pid not in before and child.status() != psutil.STATUS_ZOMBIE
+    ]  # fmt: skip
     assert not children, f"processes left running: {[c.cmdline() for c in children]}"
 
 

@@ -184,9 +184,10 @@ def test_full_disk_is_reported_before_any_worker_starts(monkeypatch):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(payload, "_write_private", no_space)
+    before = {child.pid for child in psutil.Process().children()}  # the test run's JupyterLab may be there
     with pytest.raises(OSError, match="cannot write the run's payload .* No space left on device"):
         launch(print, dashboard=False)
-    assert not psutil.Process().children()
+    assert {child.pid for child in psutil.Process().children()} <= before
 
 
 def test_rendezvous_listens_on_loopback_only():
