@@ -71,7 +71,7 @@ def compare(flair: dict, kit: dict) -> dict:
             "kit_corpus_lazy": kit[kind]["lazy"],
         }
     identical = all(
-        entry["weights_identical"] and not any(v for k, v in entry.items() if isinstance(v, float))
+        entry["weights_identical"] and not any(value for value in entry.values() if isinstance(value, float))
         for entry in figures.values()
     )
     return {"bit_for_bit": identical, "kinds": figures}
@@ -94,10 +94,10 @@ def main() -> None:
 
     flair = figures(args.device, model, f"{workdir}/flair", list(KINDS))
     kit = the_kits(args.device, model, workdir)
-    figures = {"device": args.device, **compare(flair, kit), "versions": versions()}
-    print(json.dumps(figures))
+    report = {"device": args.device, **compare(flair, kit), "versions": versions()}
+    print(json.dumps(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2))
+        Path(args.json).write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ ships the driver; no browser download); tests marked :data:`needs_browser` are s
 missing, where either is absent.
 
 Fixtures (import them into a test module): ``lab`` is the test run's one JupyterLab, with no kernel left from
-an earlier test; ``page`` opens a fresh Chromium page per test. Helpers write a notebook, open it, run every cell and take screenshots.
+an earlier test; ``page`` opens a fresh Chromium page per test. Helpers write a notebook, open it, run every
+cell and take screenshots.
 
 Example::
 

@@ -80,15 +80,17 @@ def run_notebooks(
         names.append(f"{notebook.stem}/{notebook.name}")
     report = workdir / "nbval.xml"
     command = [
-        *launcher, python, "-m", "pytest", "--nbval-lax", "--nbval-current-env", f"--nbval-cell-timeout={CELL_TIMEOUT_SECONDS}",
-        "-p", "no:cacheprovider", "-q", "-rf", f"--junitxml={report}", *names,
+        *launcher, python, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
+        f"--nbval-cell-timeout={CELL_TIMEOUT_SECONDS}", "-p", "no:cacheprovider", "-q", "-rf", f"--junitxml={report}",
+        *names,
     ]  # fmt: skip
     started = time.monotonic()
     with subprocess.Popen(
         command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     ) as nbval, KernelMemory(nbval.pid) as memory:
         output, _ = nbval.communicate(timeout=NOTEBOOK_TIMEOUT_SECONDS * len(notebooks))
-    return Nbval(output, time.monotonic() - started, memory.peaks, _cells_by_notebook(report) if report.exists() else {})
+    cells = _cells_by_notebook(report) if report.exists() else {}
+    return Nbval(output, time.monotonic() - started, memory.peaks, cells)
 
 
 @dataclass

@@ -54,7 +54,9 @@ def train(corpus, kind: str, model_path: str, base_path: str) -> dict:
         def after_training_epoch(self, epoch, **_) -> None:
             figures["learning_rate"].append(float(self.trainer.optimizer.param_groups[0]["lr"]))
 
-    options = dict(max_epochs=EPOCHS, mini_batch_size=BATCH, eval_batch_size=BATCH, multi_gpu=True, plugins=[Record()])
+    options = dict(
+        max_epochs=EPOCHS, mini_batch_size=BATCH, eval_batch_size=BATCH, multi_gpu=True, plugins=[Record()]
+    )
     if kind == "tagger":
         embeddings = OneHotEmbeddings.from_corpus(corpus, embedding_length=16, min_freq=1)
         model = SequenceTagger(

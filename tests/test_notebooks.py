@@ -3,9 +3,10 @@
 One ``python -m pytest --nbval-lax`` runs them all (a fresh kernel of this interpreter for each, started by nbval),
 each a copy in a temporary directory of its own so that the models and checkpoints it writes (``work/``) and its
 run directories stay out of the repository; the quickstart runs in ``tests/test_binder.py``'s Binder-like
-environment instead, through :func:`run_notebooks` too. ``--nbval-lax`` runs every cell and compares the output only of the cells
-tagged ``nbval-check-output``: statuses, predicted labels, error class names, never timings or losses. Those
-cells keep their expected output in the committed notebook; every other cell is committed without output.
+environment instead, through ``notebook_runs.run_notebooks`` too. ``--nbval-lax`` runs every cell and compares the
+output only of the cells tagged ``nbval-check-output``: statuses, predicted labels, error class names, never
+timings or losses. Those cells keep their expected output in the committed notebook; every other cell is
+committed without output.
 
 To refresh a notebook's checked outputs after an intended change: execute it (e.g. ``jupyter nbconvert --execute
 --to notebook --inplace`` with the environment below), then clear every output but the tagged cells' and drop
