@@ -29,7 +29,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from big_corpus import build, train_briefly  # this script's folder is on sys.path: it runs as a script
+from big_corpus import (  # this script's folder is on sys.path: it runs as a script
+    build,
+    train_briefly,
+)
 
 
 @contextlib.contextmanager
@@ -88,7 +91,7 @@ def shipping(pools, sizes: list[int]) -> dict:
     """Seconds from the launch call to the end of a trivial job that takes a corpus of each size as its argument
     (packed anew for each job), on each warm pool; and the packed corpus's size (the codec's, which the payload
     holds)."""
-    from flair_nbddp.codec import encode
+    from flair_nbddp.wire.codec import encode
 
     for pool in pools.values():  # warm: a pool's first job would also pay for starting its workers
         assert pool.launch(nothing, (build(10),), dashboard=False).value == 10

@@ -57,7 +57,7 @@ def pack(method: str, corpus) -> tuple[bytes, str]:
         import cloudpickle
 
         return cloudpickle.dumps(corpus, protocol=5), ""
-    from flair_nbddp import codec
+    from flair_nbddp.wire import codec
 
     data = codec.encode(corpus)
     return data, hashlib.sha256(data).hexdigest()
@@ -68,7 +68,7 @@ def unpack(method: str, data: bytes):
         import cloudpickle
 
         return cloudpickle.loads(data)
-    from flair_nbddp import codec
+    from flair_nbddp.wire import codec
 
     return codec.decode(data)
 

@@ -18,7 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 # A notebook user runs the next cell seconds after the last one ends; warm workers free the last job's
 # memory in that pause (~0.4 s of garbage collection on this machine), so the benchmark leaves one too.
 BETWEEN_CELLS_S = 2.0

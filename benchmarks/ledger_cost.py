@@ -20,7 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from big_corpus import interleaved_throughput  # this script's folder is on sys.path: it runs as a script
+from big_corpus import (
+    interleaved_throughput,  # this script's folder is on sys.path: it runs as a script
+)
 
 
 def ledger(switch: str) -> dict:
@@ -43,7 +45,7 @@ def throughput(device, processes, docs: int, batches: int, repeats: int, model: 
 
 
 def rows(workdir: Path) -> dict:
-    from flair_nbddp.ledger import Ledger, RunRecord, process_identity
+    from flair_nbddp.ledger.store import Ledger, RunRecord, process_identity
     from flair_nbddp.state import MetricPoint
 
     figures = {}

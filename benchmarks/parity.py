@@ -83,8 +83,8 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from flair_nbddp.ledger.versions import versions
     from flair_nbddp.synthetic import tiny_transformer
-    from flair_nbddp.versions import versions
 
     workdir = tempfile.mkdtemp(prefix="parity-")
     model = tiny_transformer(Path(workdir, "model"))

@@ -50,7 +50,9 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from throughput import LAUNCHERS  # this script's folder is on sys.path: it runs as a script
+from throughput import (
+    LAUNCHERS,  # this script's folder is on sys.path: it runs as a script
+)
 
 HERE = Path(__file__).resolve().parent
 TARGETS = {

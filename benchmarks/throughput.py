@@ -130,7 +130,7 @@ FLAIR_PROGRAM = """
 import json, sys, time
 sys.path.insert(0, {here!r})
 from flair.distributed_utils import launch_distributed
-from flair_nbddp.flair_compat import bend_flair_launcher_for_cpu
+from flair_nbddp.worker.flair_compat import bend_flair_launcher_for_cpu
 from throughput import processes_for, timed_fine_tune
 
 if {device!r} == "cpu":
@@ -160,7 +160,7 @@ def main(corpus, launched_at):                     # a notebook-style function i
     flair.device = state.device
     flair.set_seed(42)                             # ranks must sample flair's corpus check alike
     if {device!r} == "cpu":                        # the CPU bend the other launchers get
-        from flair_nbddp.flair_compat import allow_cpu_ddp
+        from flair_nbddp.worker.flair_compat import allow_cpu_ddp
         allow_cpu_ddp()
         flair.device = torch.device("cpu")         # PartialState says cpu:0, which DDP takes for a device id
     figures = timed_fine_tune(corpus, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs}, launched_at,

@@ -32,7 +32,7 @@ BETWEEN_CELLS_S = 2.0
 UNPACK_PROGRAM = """
 import sys, time
 import flair.trainers  # a warm worker has imported flair
-from flair_nbddp import payload
+from flair_nbddp.wire import payload
 times = []
 for _ in range({repeats}):
     started = time.perf_counter()
@@ -43,9 +43,10 @@ print(sorted(times)[len(times) // 2])
 
 
 def measure(device: str | None, size: str, docs: int, repeats: int, workdir: Path) -> dict:
-    from flair_nbddp import WorkerPool, payload
+    from flair_nbddp import WorkerPool
     from flair_nbddp.demo import train_classifier
     from flair_nbddp.synthetic import sentiment_corpus, tiny_transformer
+    from flair_nbddp.wire import payload
 
     corpus = sentiment_corpus(n_train=docs, n_dev=32, n_test=32, words=(200, 260))
     model = tiny_transformer(workdir / f"model-{size}", size=size)

@@ -8,10 +8,8 @@ Example::
 
 from typing import Any
 
-__version__ = "0.1.0"  # first: modules imported below read it
-
+from ._version import __version__
 from .api import launch, launch_distributed, start
-from .compare import compare
 from .errors import (
     ClusterError,
     ConfigurationError,
@@ -34,17 +32,20 @@ from .errors import (
     RunTimeoutError,
     ShippingError,
     StillRunningError,
+    UnknownOptionError,
     UnsupportedPlatformError,
     WorkerError,
 )
-from .interactive import RankResult
-from .ledger import RunRecord, history
-from .panel import TrainingPanel
+from .ledger.store import RunRecord, history
+from .ledger.tensorboard_export import export_tensorboard
+from .notebook.compare import compare
+from .notebook.panel import TrainingPanel
+from .options import RunOptions
 from .pool import WorkerPool
 from .result import RunResult
 from .run import Run, runs
-from .shared import PoolRef
-from .tensorboard_export import export_tensorboard
+from .wire.pool_ref import PoolRef
+from .worker.ddp_exec import RankResult
 
 __all__ = [
     "ClusterError",
@@ -67,6 +68,7 @@ __all__ = [
     "RunActiveError",
     "RunError",
     "RunHangError",
+    "RunOptions",
     "RunRecord",
     "RunResult",
     "RunStateError",
@@ -74,6 +76,7 @@ __all__ = [
     "ShippingError",
     "StillRunningError",
     "TrainingPanel",
+    "UnknownOptionError",
     "UnsupportedPlatformError",
     "WorkerError",
     "WorkerPool",
@@ -90,6 +93,6 @@ __all__ = [
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext flair_nbddp``: registers ``%%ddp_train``, ``%%ddp_exec``, ``%ddp_pool``, ``%ddp_info`` and
     ``%ddp_runs``."""
-    from .magic import DdpMagics
+    from .notebook.magic import DdpMagics
 
     ipython.register_magics(DdpMagics)

@@ -46,6 +46,10 @@ class DeviceError(ConfigurationError):
     """Impossible devices or process counts, or ones a warm pool does not have."""
 
 
+class UnknownOptionError(FlairNbddpError, TypeError):
+    """A keyword that is not a run option (:class:`~flair_nbddp.RunOptions`); the message suggests the closest."""
+
+
 class NotCallableError(FlairNbddpError, TypeError):
     """The function to run on every rank is not callable."""
 

@@ -2,11 +2,11 @@
 
 A cold launch pays a new interpreter, ``import torch, flair``, the device context and the process group
 on every rank (seconds on CPU, ~30 s to the first batch on an H200 machine). A pool pays that once. It is
-a :class:`~flair_nbddp.sources.WorkerSource` like cold workers: every run on it is an ordinary run, with
+a :class:`~flair_nbddp.worker_source.WorkerSource` like cold workers: every run on it is an ordinary run, with
 its own run directory and logs.
 
 A pool also keeps objects for its jobs: :meth:`WorkerPool.put` packs a corpus once, and every job that
-gets the returned :class:`~flair_nbddp.PoolRef` uses the workers' copy (:mod:`flair_nbddp.shared`).
+gets the returned :class:`~flair_nbddp.PoolRef` uses the workers' copy (:mod:`flair_nbddp.wire.pool_ref`).
 
 Example::
 
@@ -26,17 +26,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from . import api, interactive
 from .devices import DevicePlan
 from .errors import ConfigurationError, PoolClosedError, RunActiveError
-from .events import Job
-from .sources import RankGroup
-from .interactive import RankResult
-from .provenance import Provenance
+from .ledger.provenance import Provenance
+from .options import RunOptions, documented
 from .result import RunResult
 from .run import Run, runs
 from .rundir import RunDir
-from .shared import PoolRef
+from .watch import launch_and_watch, watch
+from .wire.events import Job
+from .wire.pool_ref import PoolRef
+from .worker import ddp_exec
+from .worker.ddp_exec import RankResult
+from .worker_source import RankGroup, new_workers, source_for
 
 _CURRENT: WorkerPool | None = None
 
@@ -97,7 +99,7 @@ class WorkerPool:
         gpus: Sequence[int] | None = None,
         cluster: Any = None,
     ) -> None:
-        source = api.cold_source(processes, device, gpus, cluster)  # checks the devices, places the ranks
+        source = new_workers(processes, device, gpus, cluster)  # checks the devices, places the ranks
         self.plan: DevicePlan = source.plan
         self._new_group, self.where = source.new_group, source.where
         self.home = RunDir.create(run_dir, prefix="pool-")
@@ -192,9 +194,22 @@ class WorkerPool:
         print(f"flair_nbddp: {message}", flush=True)
 
     # -- public -----------------------------------------------------------------------------------
-    def launch(self, fn: Callable, args: tuple = (), kwargs: dict | None = None, **options: Any) -> RunResult:
-        """:func:`flair_nbddp.launch` on the pool's workers (``processes``/``device``, if given, must match)."""
-        return api.launch(fn, args, kwargs, pool=self, **options)
+    @documented()
+    def launch(
+        self, fn: Callable, args: tuple = (), kwargs: dict | None = None, *, options: RunOptions | None = None,
+        provenance: Provenance | None = None, **run_options: Any,
+    ) -> RunResult:  # fmt: skip
+        """:func:`flair_nbddp.launch` on the pool's workers (``processes``/``device``/``gpus``, if given, must match).
+
+        Run options (keywords, or ``options=RunOptions(...)``; keywords win):
+            {run_options}
+
+        Example::
+
+            result = pool.launch(train, (ref,), seed=0, timeout=600)
+        """
+        options = RunOptions.of(run_options, options, where="WorkerPool.launch(): ")
+        return launch_and_watch(fn, args, kwargs, options, self, provenance or Provenance("launch"))
 
     def launch_distributed(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         """:func:`flair_nbddp.launch_distributed` on the pool's workers: rank 0's return value."""
@@ -202,7 +217,8 @@ class WorkerPool:
 
     def exec(
         self, code: str | Callable[[], Any], ranks: Sequence[int] | None = None, *, variables: dict | None = None,
-        reset: bool = False, **options: Any,
+        reset: bool = False, options: RunOptions | None = None, provenance: Provenance | None = None,
+        **run_options: Any,
     ) -> list[RankResult]:  # fmt: skip
         """Run ``code`` on the ranks of this pool, each in a namespace it keeps from one ``exec`` to the next.
 
@@ -222,7 +238,9 @@ class WorkerPool:
             ranks: run only on these ranks (the others return at once: collectives would hang).
             variables: names put in every rank's namespace first (shipped as ``launch`` ships arguments).
             reset: empty the namespaces first.
-            options: ``timeout``, ``stop_timeout``, ``hang_timeout``, ``seed``, ``provenance`` as for ``launch``.
+            options, run_options: as for :meth:`launch` (``timeout``, ``stop_timeout``, ``hang_timeout``, ``seed``
+                matter here; each rank's output is always shown, nothing else is).
+            provenance: as for :func:`flair_nbddp.launch`.
 
         Raises:
             ConfigurationError: a rank that the pool does not have.
@@ -240,21 +258,22 @@ class WorkerPool:
             [result.value for result in pool.exec("int(total)")]      # [0, 1]
         """
         chosen = check_ranks(ranks, self.plan.world_size)
-        options.setdefault("provenance", Provenance("exec", name=getattr(code, "__name__", "exec")))
+        options = RunOptions.of({**run_options, "output": "all", "dashboard": False}, options, where="exec(): ")
         args = (code, dict(variables or {}), chosen, reset)
         run = Run(
-            interactive.exec_cell, args, {}, self, output="all", stop_recycles=False,
-            stop_notice="interrupting the code on every rank (KeyboardInterrupt)", **options,
+            ddp_exec.run_ddp_exec_cell, args, {}, source_for(options, self), options, stop_recycles=False,
+            provenance=provenance or Provenance("exec", name=getattr(code, "__name__", "exec")),
+            stop_notice="interrupting the code on every rank (KeyboardInterrupt)",
         )  # fmt: skip
-        result = api.watch(run, dashboard=False)
+        result = watch(run, dashboard=False)
         if result.value is None:  # stopped, and not every rank came back within the stop timeout: all were ended
             self._note(
                 f"not every rank returned within stop_timeout={run.limits.stop_timeout:g} s of the interrupt (one may "
                 "wait in a collective): every worker was ended; the next job starts on fresh ones, namespaces empty"
             )
             raise KeyboardInterrupt("the code was interrupted and its workers ended")
-        self.exec_names = interactive.names_held(result.value)
-        results = interactive.results_of(result.value)
+        self.exec_names = ddp_exec.names_held(result.value)
+        results = ddp_exec.results_of(result.value)
         if any(result.interrupted for result in results) and self.plan.backend == "nccl":
             self._note(
                 "on GPUs an interrupted cell may leave a collective queued on some ranks, which would pair with the "
@@ -282,7 +301,7 @@ class WorkerPool:
 
         Jobs that get the returned ref, as an argument or inside one, get the workers' copy: each worker reads
         the packed file once and keeps it until the ref is released or the pool closes, and each job decodes
-        its own copy from it (a corpus stays lazy: :mod:`flair_nbddp.lazy_corpus`). The ref is a snapshot:
+        its own copy from it (a corpus stays lazy: :mod:`flair_nbddp.wire.lazy_corpus`). The ref is a snapshot:
         after changing ``obj`` in the notebook, put it again.
 
         A ref the notebook no longer holds is dropped as if released (``pool.put(corpus)`` run again makes a new

@@ -26,35 +26,19 @@ from __future__ import annotations
 import re
 import time
 
-from .errors import ConfigurationError
 from .rundir import LogTail, RunDir
 from .state import RunState
 
-OUTPUT_MODES = ("rank0", "all")
 LINES_PER_SECOND = 20
 BURST_LINES = 200
 _PROGRESS_BAR = re.compile(r"\d+%\|.*\||\d+it \[\d")
-
-
-def check_output_mode(output: str) -> str:
-    """``output`` if it is a mode the kit knows.
-
-    Raises:
-        ConfigurationError: naming the modes.
-    """
-    if output not in OUTPUT_MODES:
-        raise ConfigurationError(
-            f"output={output!r} is not a mode: 'rank0' (rank 0's output, and every rank's warnings and stderr) or "
-            "'all' (every line of every rank)"
-        )
-    return output
 
 
 class RankOutput:
     """Reads every rank's files of ``run_dir`` from their present end on, into a :class:`RunState`."""
 
     def __init__(self, run_dir: RunDir, world_size: int, mode: str) -> None:
-        self.run_dir, self.mode = run_dir, check_output_mode(mode)
+        self.run_dir, self.mode = run_dir, mode
         self._logs = [LogTail(run_dir.log(rank)) for rank in range(world_size)]
         self._stderr = [LogTail(run_dir.stderr(rank)) for rank in range(world_size)]
         self._budget = [_Budget() for _ in range(world_size)]

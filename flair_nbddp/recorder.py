@@ -16,11 +16,17 @@ import warnings
 from typing import Any, Callable
 
 from .errors import LedgerError, LedgerWarning
-from .ledger import Ledger, RunRecord, process_identity
-from .provenance import Provenance, describe, describe_call, sha256_text, source_of
+from .ledger.provenance import (
+    Provenance,
+    describe,
+    describe_call,
+    sha256_text,
+    source_of,
+)
+from .ledger.store import Ledger, RunRecord, process_identity
+from .ledger.versions import package_versions
 from .result import RunResult
 from .state import RunState
-from .versions import package_versions
 
 FLUSH_SECONDS = 1.0  # metrics reach the ledger in batches, at most this often
 BUSY_FLUSH_SECONDS = 0.2  # a flush waits this long for a busy file (once), then leaves its points for the next
@@ -85,11 +91,7 @@ class RunRecorder:
         params = describe_call(args, kwargs, digests) if provenance.params is None else describe(
             provenance.params, digests
         )
-        options = {
-            "timeout": run.limits.timeout, "stop_timeout": run.limits.stop_timeout,
-            "hang_timeout": run.limits.hang_timeout, "distributed_eval": run.distributed_eval,
-            "lazy_corpus": run.lazy_corpus, "output": run.output_mode, **provenance.options,
-        }  # fmt: skip
+        options = {**run.options.ledger_view(), **provenance.options}
         plan = run.plan
         return RunRecord(
             started_at=run.state.started_at, updated_at=time.time(), status="running",

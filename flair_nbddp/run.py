@@ -1,7 +1,7 @@
 """One run: ``fn(*args, **kwargs)`` on every rank a worker source gives, from start to result.
 
 A :class:`Run` packs the call once into its run directory, asks its
-:class:`~flair_nbddp.sources.WorkerSource` for ranks, and leaves the watching to a
+:class:`~flair_nbddp.worker_source.WorkerSource` for ranks, and leaves the watching to a
 :class:`~flair_nbddp.supervisor.Supervisor`. It imports no UI: views read its ``state``; the
 user-facing functions (:func:`flair_nbddp.launch`, :func:`flair_nbddp.start`) build it.
 
@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import payload
 from .devices import DevicePlan
 from .errors import (
     ConfigurationError,
@@ -34,21 +33,21 @@ from .errors import (
     ShippingError,
     StillRunningError,
 )
-from .events import Job
-from .ledger import Ledger
-from .provenance import Provenance
-from .rank_output import RankOutput, check_output_mode
+from .ledger.provenance import Provenance
+from .ledger.store import Ledger
+from .options import RunOptions
+from .rank_output import RankOutput
 from .recorder import RunRecorder
 from .result import RunResult
 from .rundir import RunDir
-from .shared import PoolRef
-from .sources import RankGroup, WorkerSource
 from .state import RunState
 from .supervisor import Limits, Supervisor
+from .wire import payload
+from .wire.events import Job
+from .wire.pool_ref import PoolRef
+from .worker_source import RankGroup, WorkerSource
 
 SEED_ENV = "FLAIR_NBDDP_SEED"
-DEFAULT_STOP_TIMEOUT = 30.0
-DEFAULT_HANG_TIMEOUT = 300.0
 TICK_SECONDS = 0.1
 _RUNS: list[Run] = []  # every run started in this process, oldest first (for %ddp_info)
 _STARTING = threading.Lock()
@@ -105,10 +104,10 @@ class Run:
 
     Args:
         fn, args, kwargs: the call every rank makes (packed once, read by every rank).
-        source: where the ranks come from (:class:`~flair_nbddp.sources.ColdWorkers`, a
-            :class:`~flair_nbddp.WorkerPool`, or any :class:`~flair_nbddp.sources.WorkerSource`).
-        seed, timeout, stop_timeout, hang_timeout, run_dir, distributed_eval, lazy_corpus, output: as for
-            :func:`flair_nbddp.launch`.
+        source: where the ranks come from (:class:`~flair_nbddp.worker_source.ColdWorkers`, a
+            :class:`~flair_nbddp.WorkerPool`, or any :class:`~flair_nbddp.worker_source.WorkerSource`).
+        options: the :class:`~flair_nbddp.RunOptions` (seed, limits, output, run directory...); where the ranks
+            run is ``source``'s business.
         provenance: how the run was asked for, as the run ledger records it (:mod:`~flair_nbddp.recorder`);
             default: a call of ``fn``.
         stop_recycles: a stopped run's workers are replaced before a pool's next job (flair's training may
@@ -118,7 +117,6 @@ class Run:
 
     Raises:
         NotCallableError: ``fn`` is not callable.
-        ConfigurationError: ``output`` is not ``"rank0"`` or ``"all"``.
     """
 
     def __init__(
@@ -127,15 +125,8 @@ class Run:
         args: tuple,
         kwargs: dict,
         source: WorkerSource,
+        options: RunOptions = RunOptions(),
         *,
-        seed: int | None = None,
-        timeout: float | None = None,
-        stop_timeout: float = DEFAULT_STOP_TIMEOUT,
-        hang_timeout: float | None = DEFAULT_HANG_TIMEOUT,
-        run_dir: str | Path | None = None,
-        distributed_eval: bool = True,
-        lazy_corpus: bool = True,
-        output: str = "rank0",
         provenance: Provenance | None = None,
         stop_recycles: bool = True,
         stop_notice: str = "stopping after the current batch on every rank and saving the model",
@@ -144,13 +135,10 @@ class Run:
             raise NotCallableError(f"fn must be callable (a function to run on every rank), not {type(fn).__name__}")
         provenance = provenance or Provenance()
         self.name = provenance.name or getattr(fn, "__name__", type(fn).__name__)  # "%%ddp_train" for the magic
-        self.source, self.seed = source, default_seed() if seed is None else int(seed)
+        self.options = options
+        self.source, self.seed = source, default_seed() if options.seed is None else int(options.seed)
         self._call: tuple | None = (fn, tuple(args), dict(kwargs or {}))  # dropped once packed: no corpus kept
-        self.limits = Limits(timeout, stop_timeout, hang_timeout)
-        self._run_dir_wanted = run_dir
-        self.distributed_eval = bool(distributed_eval)
-        self.lazy_corpus = bool(lazy_corpus)
-        self.output_mode = check_output_mode(output)
+        self.limits = Limits(options.timeout, options.stop_timeout, options.hang_timeout)
         self.log_starts: dict[int, int] = {}  # where this run's output begins in each rank's log
         self.dir: RunDir | None = None  # created by start()
         self.state = RunState(world_size=self.plan.world_size, device_type=self.plan.device_type)
@@ -221,10 +209,10 @@ class Run:
         return self
 
     def _start(self) -> None:
-        self.dir = RunDir.create(self._run_dir_wanted)
+        self.dir = RunDir.create(self.options.run_dir)
         try:
             # from here on: a reused run_dir's earlier output is not this run's
-            output = RankOutput(self.dir, self.plan.world_size, self.output_mode)
+            output = RankOutput(self.dir, self.plan.world_size, self.options.output)
             self.log_starts = output.log_starts
             fn, args, kwargs = self._call
             preload, prepare = preload_for(args, kwargs), getattr(self.source, "prepare", None)
@@ -234,8 +222,8 @@ class Run:
             self._recorder.begin(self, fn, args, kwargs, packed.digests)
             self._call = None
             job = Job(
-                str(self.dir.payload), str(self.dir.result), self.seed, str(self.run_dir), self.distributed_eval,
-                self.lazy_corpus,
+                str(self.dir.payload), str(self.dir.result), self.seed, str(self.run_dir), self.options.distributed_eval,
+                self.options.lazy_corpus,
             )
             self._acquiring = True  # from here on the ranks may hold the job, even if acquire() never returns
             self.group = self.source.acquire(job)  # all or nothing: a source that raises has cleaned up

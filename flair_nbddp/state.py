@@ -4,7 +4,7 @@ Every method takes the state's lock, so the reader thread can write while the ce
 reads a consistent ``snapshot()``.
 
 Example:
-    >>> from flair_nbddp.events import Progress
+    >>> from flair_nbddp.wire.events import Progress
     >>> state = RunState(world_size=2, device_type="cpu")
     >>> state.apply(Progress(rank=0, epoch=1, max_epochs=2, batch=5, total_batches=10))
     >>> state.snapshot().fraction_done
@@ -20,8 +20,17 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from .errors import ConfigurationError
-from .events import (
-    Event, Failed, Finished, Heartbeat, Metric, ModelsSaved, Progress, ResultReady, Started, Stopped,
+from .wire.events import (
+    Event,
+    Failed,
+    Finished,
+    Heartbeat,
+    Metric,
+    ModelsSaved,
+    Progress,
+    ResultReady,
+    Started,
+    Stopped,
 )  # fmt: skip
 
 STATUSES = ("starting", "running", "finished", "stopped", "failed")

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 
 from .errors import RunHangError, RunTimeoutError, WorkerError
-from .events import STOP, Failed
-from .group import TERMINATE_GRACE_SECONDS
+from .local_ranks import TERMINATE_GRACE_SECONDS
 from .rank_output import RankOutput
 from .recorder import RunRecorder
 from .rundir import RunDir
-from .sources import RankGroup
 from .state import RunState, Snapshot
+from .wire.events import STOP, Failed
+from .worker_source import RankGroup
 
 POLL_SECONDS = 0.1
 

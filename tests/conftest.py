@@ -16,8 +16,8 @@ import time
 import psutil
 import pytest
 
-from flair_nbddp.cluster_group import ClusterGroup
-from flair_nbddp.group import WorkerGroup
+from flair_nbddp.cluster.ranks import ClusterGroup
+from flair_nbddp.local_ranks import WorkerGroup
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the run ledger of the tests (and of the kernels and notebooks they start): never the user's own

@@ -99,7 +99,7 @@ class LoopbackCluster:
         Dask worker was killed belongs to init)."""
         found = []
         for process in psutil.process_iter(["cmdline", "status"]):
-            if "flair_nbddp.worker import main" not in " ".join(process.info["cmdline"] or ()):
+            if "flair_nbddp.worker.main import main" not in " ".join(process.info["cmdline"] or ()):
                 continue
             with contextlib.suppress(psutil.Error):
                 runs = process.environ().get("FLAIR_NBDDP_RUNS", "")

@@ -92,8 +92,18 @@ def _relations(n: int, seed: int) -> list:
 def build(kind: str, model_path: str):
     """``(corpus, model, gold label type)`` of one kind of model."""
     from flair.data import Dictionary
-    from flair.embeddings import DocumentPoolEmbeddings, OneHotEmbeddings, TransformerDocumentEmbeddings
-    from flair.models import RelationClassifier, SequenceTagger, TextClassifier, TextPairClassifier, TextRegressor
+    from flair.embeddings import (
+        DocumentPoolEmbeddings,
+        OneHotEmbeddings,
+        TransformerDocumentEmbeddings,
+    )
+    from flair.models import (
+        RelationClassifier,
+        SequenceTagger,
+        TextClassifier,
+        TextPairClassifier,
+        TextRegressor,
+    )
 
     def document_embeddings():
         return TransformerDocumentEmbeddings(model_path, fine_tune=True)
@@ -165,7 +175,7 @@ def evaluate_everywhere(kinds: tuple, model_path: str, base_path: str) -> dict:
     import torch.distributed as dist
     from flair.trainers import ModelTrainer
 
-    from flair_nbddp import distributed_eval, random_streams
+    from flair_nbddp.worker import distributed_eval, random_streams
 
     rank, world = dist.get_rank(), dist.get_world_size()
     returned = {}
@@ -212,7 +222,7 @@ def _streams_left_as_flairs(model, points: list, label_type: str, before) -> boo
     ``evaluate`` of the whole split leaves it: run that from ``before`` and compare."""
     import inspect
 
-    from flair_nbddp import random_streams
+    from flair_nbddp.worker import random_streams
 
     after = random_streams.snapshot()
     random_streams.restore(before)
@@ -239,7 +249,7 @@ def evaluate_a_classifier_whose_prediction_draws(model_path: str) -> dict:
     import torch.distributed as dist
     from flair.embeddings import TransformerDocumentEmbeddings
 
-    from flair_nbddp import distributed_eval, random_streams
+    from flair_nbddp.worker import distributed_eval, random_streams
 
     corpus = _corpus(_sentiment, 8)
     label_dictionary = corpus.make_label_dictionary("sentiment", add_unk=False)
@@ -285,7 +295,7 @@ def evaluate_dev_on_rank_0_then_test(kind: str, model_path: str, out_dir: str) -
     test evaluation need not wait out the agreement's deadline)."""
     import torch.distributed as dist
 
-    from flair_nbddp import distributed_eval
+    from flair_nbddp.worker import distributed_eval
 
     corpus, model, label_type = build(kind, model_path)
     model.eval()

@@ -41,7 +41,7 @@ if __name__ in ("__main__", "__mp_main__"):  # the script, and its spawned ranks
     from flair.distributed_utils import launch_distributed
     from parity_jobs import flair_main
 
-    from flair_nbddp.flair_compat import bend_flair_launcher_for_cpu
+    from flair_nbddp.worker.flair_compat import bend_flair_launcher_for_cpu
 
     if sys.argv[1] == "cpu":
         bend_flair_launcher_for_cpu(CPU_PROCESSES)

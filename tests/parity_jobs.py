@@ -37,7 +37,11 @@ def train(corpus, kind: str, model_path: str, base_path: str) -> dict:
       schedule and warm-up;
     - ``tagger``: a ``SequenceTagger`` (BiLSTM-CRF, flair's dropouts) on span labels, through ``train``.
     """
-    from flair.embeddings import DocumentRNNEmbeddings, OneHotEmbeddings, TransformerDocumentEmbeddings
+    from flair.embeddings import (
+        DocumentRNNEmbeddings,
+        OneHotEmbeddings,
+        TransformerDocumentEmbeddings,
+    )
     from flair.models import SequenceTagger, TextClassifier
     from flair.trainers import ModelTrainer
     from flair.trainers.plugins import TrainerPlugin
@@ -101,7 +105,7 @@ def kit_train(corpus, kind: str, model_path: str, base_path: str) -> dict:
     evaluation batches each rank computed in shared-out evaluations, and whether the corpus arrived lazy."""
     import torch.distributed as dist
 
-    from flair_nbddp import distributed_eval
+    from flair_nbddp.worker import distributed_eval
 
     figures = train(corpus, kind, model_path, base_path)
     computed: list = [None] * dist.get_world_size()

@@ -4,10 +4,11 @@ corpus, and an object put on a pool is packed once for every job (process tier: 
 from __future__ import annotations
 
 import pytest
-
-from flair_nbddp import WorkerPool, launch, payload
-from flair_nbddp.synthetic import ner_corpus, sentiment_corpus
 from training_jobs import peak_memory_after_reading, read_and_change, train_compared
+
+from flair_nbddp import WorkerPool, launch
+from flair_nbddp.synthetic import ner_corpus, sentiment_corpus
+from flair_nbddp.wire import payload
 
 pytestmark = [pytest.mark.process, pytest.mark.usefixtures("no_leftover_processes")]
 

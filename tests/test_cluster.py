@@ -11,13 +11,13 @@ import time
 
 import psutil
 import pytest
-
 from conftest import wait_for
-from jupyter_kernel import running_kernel
 from dask_cluster import LoopbackCluster
+from jupyter_kernel import running_kernel
+from training_jobs import train_sentiment
+
 from flair_nbddp import WorkerError, WorkerPool, launch, start
 from flair_nbddp.synthetic import sentiment_corpus
-from training_jobs import train_sentiment
 
 pytestmark = pytest.mark.cluster
 TESTS = os.path.dirname(os.path.abspath(__file__))

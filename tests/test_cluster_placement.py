@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from flair_nbddp import ClusterError, ConfigurationError, WorkerPool, launch
-from flair_nbddp.cluster import connect, place
-from flair_nbddp.cluster_group import ClusterGroup
-from flair_nbddp.rank_host import _check_file, rank_environment, store_file
+from flair_nbddp.cluster.client import connect, place
+from flair_nbddp.cluster.rank_host import _check_file, rank_environment, store_file
+from flair_nbddp.cluster.ranks import ClusterGroup
 from flair_nbddp.rundir import RunDir
 
 
@@ -131,7 +131,7 @@ def test_cluster_takes_a_client_a_cluster_object_or_an_address(monkeypatch):
     client.status = "closed"
     with pytest.raises(ClusterError, match="the Dask client given as cluster= is closed: make a new one"):
         connect(client)
-    monkeypatch.setattr("flair_nbddp.cluster.CONNECT_TIMEOUT_SECONDS", 1)
+    monkeypatch.setattr("flair_nbddp.cluster.client.CONNECT_TIMEOUT_SECONDS", 1)
     with pytest.raises(ClusterError, match=r"no Dask scheduler answers at 'tcp://127.0.0.1:9'.*dask scheduler"):
         connect("tcp://127.0.0.1:9")
 
@@ -197,7 +197,7 @@ def test_a_stored_file_is_private_and_checked_against_the_notebooks_hash(tmp_pat
 
 
 def test_a_ranks_process_group_stays_on_its_dask_workers_interface(monkeypatch):
-    from flair_nbddp.rank_host import Site
+    from flair_nbddp.cluster.rank_host import Site
 
     for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         monkeypatch.delenv(name, raising=False)

@@ -1,4 +1,4 @@
-"""Round trips of flair corpora, datasets and sentences through ``flair_nbddp.codec``.
+"""Round trips of flair corpora, datasets and sentences through ``flair_nbddp.wire.codec``.
 
 Every comparison goes through ``describe()``, which turns a sentence into plain tuples holding everything
 flair keeps about it, so ``==`` on two descriptions is an exhaustive comparison.
@@ -12,14 +12,28 @@ import re
 import cloudpickle
 import pytest
 import torch
-from flair.data import Corpus, DataPair, DataTriple, Label, Relation, Sentence, Span, TextPair, Token
-from flair.datasets import ClassificationDataset, ColumnCorpus, ColumnDataset, FlairDatapointDataset
+from flair.data import (
+    Corpus,
+    DataPair,
+    DataTriple,
+    Label,
+    Relation,
+    Sentence,
+    Span,
+    TextPair,
+    Token,
+)
+from flair.datasets import (
+    ClassificationDataset,
+    ColumnCorpus,
+    ColumnDataset,
+    FlairDatapointDataset,
+)
 from torch.utils.data import ConcatDataset, Subset
 
-from flair_nbddp import codec
-from flair_nbddp.lazy_corpus import decode_lazy
 from flair_nbddp.synthetic import ner_corpus, sentiment_corpus
-
+from flair_nbddp.wire import codec
+from flair_nbddp.wire.lazy_corpus import decode_lazy
 
 # -- describing objects as plain data ---------------------------------------------------------------------
 

@@ -1,10 +1,10 @@
 """A span-labelled corpus built in the parent reaches every rank intact and trains there."""
 
 import pytest
+from training_jobs import train_ner
 
 from flair_nbddp import launch_distributed
 from flair_nbddp.synthetic import ner_corpus
-from training_jobs import train_ner
 
 pytestmark = [pytest.mark.process, pytest.mark.usefixtures("no_leftover_processes")]
 

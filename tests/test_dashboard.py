@@ -6,9 +6,12 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from jupyter_kernel import running_kernel
 
-from flair_nbddp import dashboard
-from flair_nbddp.dashboard import (
+from flair_nbddp.devices import DevicePlan
+from flair_nbddp.errors import WorkerError
+from flair_nbddp.notebook import dashboard
+from flair_nbddp.notebook.dashboard import (
     Dashboard,
     NullView,
     TextView,
@@ -27,11 +30,8 @@ from flair_nbddp.dashboard import (
     summary_text,
     svg_chart,
 )
-from flair_nbddp.devices import DevicePlan
-from flair_nbddp.errors import WorkerError
-from flair_nbddp.events import Heartbeat, Metric, Progress, Started
 from flair_nbddp.state import RunState
-from jupyter_kernel import running_kernel
+from flair_nbddp.wire.events import Heartbeat, Metric, Progress, Started
 
 
 class FakeRun:

@@ -4,9 +4,15 @@ import time
 
 import nbformat
 import pytest
-
-from browser import lab, page  # noqa: F401 - fixtures
-from browser import needs_browser, open_notebook, run_all_cells, save_notebook, screenshot
+from browser import (  # noqa: F401 - fixtures
+    lab,
+    needs_browser,
+    open_notebook,
+    page,
+    run_all_cells,
+    save_notebook,
+    screenshot,
+)
 
 SETUP_CELL = """\
 import flair_nbddp

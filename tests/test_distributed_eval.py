@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 import re
 
+import eval_jobs
 import pytest
 import torch
 
-import eval_jobs
-from flair_nbddp import distributed_eval, launch
+from flair_nbddp import launch
+from flair_nbddp.worker import distributed_eval
 
 KINDS = eval_jobs.KINDS
 

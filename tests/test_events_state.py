@@ -4,8 +4,16 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from flair_nbddp.events import EventSender, Failed, Finished, Heartbeat, Metric, Progress, Started
 from flair_nbddp.state import RunState
+from flair_nbddp.wire.events import (
+    EventSender,
+    Failed,
+    Finished,
+    Heartbeat,
+    Metric,
+    Progress,
+    Started,
+)
 
 
 def test_events_cross_a_socket_pair_intact():

@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 
 from flair_nbddp import ConfigurationError, launch
-from flair_nbddp.events import Heartbeat
 from flair_nbddp.rank_output import BURST_LINES, RankOutput
 from flair_nbddp.rundir import RunDir
 from flair_nbddp.state import RankInfo, RunState, rank_health
+from flair_nbddp.wire.events import Heartbeat
 
 
 def _files(world_size: int = 2) -> tuple[RunDir, RunState]:
@@ -169,7 +169,6 @@ def train_then_warn(model_path: str, base_path: str) -> int:
     import logging
 
     import torch.distributed as dist
-
     from training_jobs import train_sentiment
 
     train_sentiment(model_path, base_path, epochs=1, docs=24)

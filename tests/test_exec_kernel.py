@@ -6,7 +6,6 @@ import os
 import time
 
 import pytest
-
 from jupyter_kernel import running_kernel
 
 pytestmark = pytest.mark.kernel

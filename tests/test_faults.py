@@ -11,10 +11,11 @@ import time
 
 import psutil
 import pytest
-
-from flair_nbddp import RunHangError, WorkerError, launch, payload, start
 from conftest import wait_for
 from training_jobs import train_sentiment, train_then_return_a_generator
+
+from flair_nbddp import RunHangError, WorkerError, launch, start
+from flair_nbddp.wire import payload
 
 pytestmark = [pytest.mark.process, pytest.mark.usefixtures("no_leftover_processes")]
 TESTS = os.path.dirname(os.path.abspath(__file__))

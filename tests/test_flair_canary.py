@@ -84,7 +84,7 @@ def test_every_hook_of_the_kits_plugin_is_an_event_flairs_trainer_dispatches():
     from flair.trainers import ModelTrainer
     from flair.trainers.plugins import TrainerPlugin
 
-    from flair_nbddp.flair_compat import StreamingPlugin
+    from flair_nbddp.worker.flair_compat import StreamingPlugin
 
     hooks = {event for method in vars(StreamingPlugin).values() for event in getattr(method, "_plugin_hook_events", ())}
     assert len(hooks) >= 8 and hooks <= ModelTrainer.valid_events, sorted(hooks - ModelTrainer.valid_events)
@@ -102,7 +102,15 @@ def test_flairs_model_classes_are_where_shared_evaluation_wraps_them():
 
 
 def test_flairs_data_points_hold_the_attributes_the_codec_reads_and_writes():
-    from flair.data import Corpus, DataPair, DataTriple, Label, Relation, Sentence, Token
+    from flair.data import (
+        Corpus,
+        DataPair,
+        DataTriple,
+        Label,
+        Relation,
+        Sentence,
+        Token,
+    )
     from flair.datasets import FlairDatapointDataset
 
     sentence = Sentence("Anna met Emil in Oslo .")

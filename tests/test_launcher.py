@@ -6,12 +6,12 @@ import time
 
 import psutil
 import pytest
+from conftest import python_program
 
 import flair_nbddp
-from conftest import python_program
 from flair_nbddp import RunTimeoutError, WorkerError, launch, launch_distributed
 from flair_nbddp.devices import resolve_devices
-from flair_nbddp.sources import ColdWorkers
+from flair_nbddp.worker_source import ColdWorkers
 
 pytestmark = [pytest.mark.process, pytest.mark.usefixtures("no_leftover_processes")]
 

@@ -14,10 +14,17 @@ from flair.data import Sentence
 from flair.datasets import FlairDatapointDataset
 from torch.utils.data import Subset
 
-from flair_nbddp import PoolClosedError, PoolRefError, ShippingError, WorkerPool, codec, payload, shared
+from flair_nbddp import PoolClosedError, PoolRefError, ShippingError, WorkerPool
 from flair_nbddp.errors import CorpusMismatchError
-from flair_nbddp.lazy_corpus import LazyDataPoints, decode_lazy, keep_embedded, keep_stored_embeddings
 from flair_nbddp.synthetic import ner_corpus, sentiment_corpus
+from flair_nbddp.wire import codec, payload
+from flair_nbddp.wire import pool_ref as shared
+from flair_nbddp.wire.lazy_corpus import (
+    LazyDataPoints,
+    decode_lazy,
+    keep_embedded,
+    keep_stored_embeddings,
+)
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +128,7 @@ def test_storing_a_lazy_split_touches_only_what_is_built(monkeypatch, lazy):
     not build every sentence at once."""
     import flair.training_utils
 
-    from flair_nbddp import lazy_corpus
+    from flair_nbddp.wire import lazy_corpus
 
     original = flair.training_utils.store_embeddings
     seen = []

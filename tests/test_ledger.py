@@ -16,17 +16,26 @@ from types import SimpleNamespace
 
 import pytest
 
-from flair_nbddp import codec, payload
-from flair_nbddp.compare import compare
 from flair_nbddp.devices import DevicePlan
-from flair_nbddp.events import Metric
 from flair_nbddp.errors import ConfigurationError, LedgerError, LedgerWarning
-from flair_nbddp.ledger import Ledger, RunRecord, _this_boot, history, ledger_path, owner_alive, process_identity
-from flair_nbddp.provenance import Provenance, describe, describe_call, source_of
+from flair_nbddp.ledger.provenance import Provenance, describe, describe_call, source_of
+from flair_nbddp.ledger.store import (
+    Ledger,
+    RunRecord,
+    _this_boot,
+    history,
+    ledger_path,
+    owner_alive,
+    process_identity,
+)
+from flair_nbddp.ledger.tensorboard_export import export_tensorboard
+from flair_nbddp.notebook.compare import compare
+from flair_nbddp.options import RunOptions
 from flair_nbddp.recorder import RunRecorder
 from flair_nbddp.state import MetricPoint, RunState
 from flair_nbddp.synthetic import sentiment_corpus
-from flair_nbddp.tensorboard_export import export_tensorboard
+from flair_nbddp.wire import codec, payload
+from flair_nbddp.wire.events import Metric
 
 
 @pytest.fixture
@@ -148,8 +157,7 @@ def test_a_damaged_file_is_a_clear_error_and_is_left_for_the_user(home):
 def _fake_run(run_dir):
     plan = DevicePlan("cpu", 2, "gloo")
     return SimpleNamespace(
-        limits=SimpleNamespace(timeout=None, stop_timeout=30.0, hang_timeout=300.0), distributed_eval=True,
-        lazy_corpus=True, output_mode="rank0", plan=plan, name="train", source=object(), seed=3,
+        options=RunOptions(), plan=plan, name="train", source=object(), seed=3,
         state=RunState(world_size=2, device_type="cpu"), run_dir=run_dir,
     )  # fmt: skip
 

@@ -7,10 +7,10 @@ import time
 
 import psutil
 import pytest
-
 from conftest import wait_for
-from flair_nbddp.ledger import history
 from jupyter_kernel import running_kernel
+
+from flair_nbddp.ledger.store import history
 
 pytestmark = pytest.mark.kernel
 TESTS = os.path.dirname(os.path.abspath(__file__))

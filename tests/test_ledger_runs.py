@@ -7,11 +7,12 @@ import time
 import warnings
 
 import pytest
+from training_jobs import train_ner, train_sentiment
 
-from flair_nbddp import WorkerPool, codec, history, launch, start
+from flair_nbddp import WorkerPool, history, launch, start
 from flair_nbddp.errors import LedgerWarning, ShippingError, WorkerError
 from flair_nbddp.synthetic import ner_corpus
-from training_jobs import train_ner, train_sentiment
+from flair_nbddp.wire import codec
 
 pytestmark = pytest.mark.process
 

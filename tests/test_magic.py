@@ -4,8 +4,9 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from flair_nbddp.cell import execute_cell, free_names, names_to_ship
 from flair_nbddp.devices import visible_gpu_count
+from flair_nbddp.notebook.cell_names import free_names, names_to_ship
+from flair_nbddp.worker.cell_code import run_ddp_train_cell
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +61,9 @@ def test_names_to_ship_splits_known_and_missing():
     assert shipped == {"a": 1, "c": [1]} and missing == ["b"]
 
 
-def test_execute_cell_returns_last_expression_or_none():
-    assert execute_cell("x = 2\nx * k", {"k": 21}) == 42
-    assert execute_cell("x = 2", {}) is None
+def test_run_ddp_train_cell_returns_last_expression_or_none():
+    assert run_ddp_train_cell("x = 2\nx * k", {"k": 21}) == 42
+    assert run_ddp_train_cell("x = 2", {}) is None
 
 
 @pytest.mark.process
@@ -150,7 +151,7 @@ def launched(monkeypatch):
     """The magic's call to launch, recorded instead of run: ``launched[0]`` is ``(args, kwargs)``."""
     from types import SimpleNamespace
 
-    from flair_nbddp import magic
+    from flair_nbddp.notebook import magic
 
     calls = []
     monkeypatch.setattr(magic, "launch", lambda fn, **kwargs: calls.append(kwargs) or SimpleNamespace(value=None))
@@ -160,7 +161,7 @@ def launched(monkeypatch):
 def test_timeouts_seed_and_gpus_reach_launch(shell, launched):
     shell.run_cell_magic("ddp_train", "--gpus 0,2 --stop-timeout 5 --hang-timeout 60 --seed 3 --timeout 9", "1")
     options = launched[0]
-    assert options["gpus"] == [0, 2] and options["seed"] == 3 and options["timeout"] == 9
+    assert options["gpus"] == (0, 2) and options["seed"] == 3 and options["timeout"] == 9
     assert options["stop_timeout"] == 5 and options["hang_timeout"] == 60 and options["distributed_eval"] is True
     shell.run_cell_magic("ddp_train", "--hang-timeout 0 --no-distributed-eval", "1")
     assert launched[1]["hang_timeout"] is None and launched[1]["stop_timeout"] == 30 and launched[1]["gpus"] is None
@@ -176,7 +177,7 @@ def test_help_lists_every_option(shell):
 
 @pytest.mark.parametrize("gpus", ["0,two", "0;2", ""])
 def test_a_gpu_list_that_is_not_numbers_is_a_usage_error(shell, launched, gpus):
-    with pytest.raises(UsageError, match="--gpus .* is not a list of GPU numbers: write e.g. --gpus 0,2"):
+    with pytest.raises(UsageError, match="argument --gpus: '.*' is not a list of GPU numbers: write e.g. --gpus 0,2"):
         shell.run_cell_magic("ddp_train", f"--gpus '{gpus}'", "1")
     assert not launched
 
@@ -208,7 +209,7 @@ def test_ipython_syntax_is_refused_naming_its_line(shell, launched, cell, line, 
 def test_the_cell_is_transformed_as_ipython_does_before_it_ships(shell, launched):
     shell.run_cell_magic("ddp_train", "--no-dashboard", ">>> x = 20\n>>> x + 22")
     source, shipped = launched[0]["args"]
-    assert execute_cell(source, shipped) == 42
+    assert run_ddp_train_cell(source, shipped) == 42
 
 
 def test_ddp_info_shows_every_version(shell, capsys):

@@ -5,11 +5,12 @@ from pathlib import Path
 
 import ipywidgets as widgets
 import pytest
+from jupyter_kernel import running_kernel
 
-from flair_nbddp import panel as panel_module
 from flair_nbddp.devices import resolve_devices
 from flair_nbddp.errors import WorkerError
-from flair_nbddp.panel import (
+from flair_nbddp.notebook import panel as panel_module
+from flair_nbddp.notebook.panel import (
     PanelRun,
     TrainingPanel,
     build_form,
@@ -18,11 +19,11 @@ from flair_nbddp.panel import (
     nice_step,
     param_widget,
 )
+from flair_nbddp.notebook.run_table import runs_html
+from flair_nbddp.options import RunOptions
 from flair_nbddp.pool import WorkerPool, set_current_pool
 from flair_nbddp.result import RunResult
-from flair_nbddp.run_table import runs_html
 from flair_nbddp.state import MetricPoint, RunState
-from jupyter_kernel import running_kernel
 
 
 # -- params → widgets -----------------------------------------------------------------------------
@@ -142,9 +143,10 @@ class FakeRun:
     """Stands in for the :class:`~flair_nbddp.Run` that :func:`flair_nbddp.start` returns: keeps how it was
     started, ends when the test says."""
 
-    def __init__(self, fn, args, kwargs, *, processes, device, pool=None, **options):
-        self.fn, self.args, self.kwargs, self.pool, self.options = fn, args, kwargs, pool, options
-        self.plan = pool.plan if pool is not None else resolve_devices(device, processes)
+    def __init__(self, fn, args, kwargs, *, options=None, pool=None, provenance=None, **run_options):
+        self.fn, self.args, self.kwargs, self.pool = fn, args, kwargs, pool
+        self.options = RunOptions.of(run_options, options)
+        self.plan = pool.plan if pool is not None else resolve_devices(self.options.device, self.options.processes)
         self.state = RunState(world_size=self.plan.world_size, device_type=self.plan.device_type)
         self.stopped = False
         self.record_id = None  # not in the run ledger: the panel's table shows it from its own list
@@ -225,7 +227,7 @@ def test_train_passes_the_chosen_values_locks_the_form_and_returns_at_once(panel
     panel.train_button.click()
     [run] = fake_runs
     assert run.args == ("the corpus",) and run.kwargs == {"model_path": "tiny", "learning_rate": 5e-3, "max_epochs": 7}
-    assert run.plan.world_size == 2 and run.pool is None and run.options["seed"] == 7
+    assert run.plan.world_size == 2 and run.pool is None and run.options.seed == 7
     assert panel.active and _locked(panel) == (True, True, True, False)
     assert panel.runs == [PanelRun(1, {"learning_rate": 5e-3, "max_epochs": 7}, "2 × cpu (gloo)")]
     assert "● running" in panel.history.value and panel.dashboard_box.children == (panel.dashboard.widget,)
@@ -273,7 +275,7 @@ def test_the_fixed_run_options_reach_every_run(fake_runs):
                           seed=7, hang_timeout=60, distributed_eval=False)  # fmt: skip
     panel.train()
     options = fake_runs[0].options
-    assert (options["seed"], options["hang_timeout"], options["distributed_eval"]) == (7, 60, False)
+    assert (options.seed, options.hang_timeout, options.distributed_eval) == (7, 60, False)
 
 
 def test_a_stopped_run_shows_no_test_score_rather_than_a_zero(panel, fake_runs):
@@ -411,7 +413,7 @@ def test_a_real_worker_failure_reaches_the_panel():
 # -- Train and Stop in a real kernel ------------------------------------------------------------------
 SETUP = """
 import time, psutil
-from flair_nbddp.panel import TrainingPanel
+from flair_nbddp.notebook.panel import TrainingPanel
 from flair_nbddp.demo import train_classifier
 from flair_nbddp.synthetic import sentiment_corpus
 

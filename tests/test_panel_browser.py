@@ -4,12 +4,10 @@ import time
 
 import psutil
 import pytest
-
-from browser import lab, page  # noqa: F401 - fixtures
-from browser import needs_browser, open_notebook, run_all_cells, screenshot
+from browser import lab, needs_browser, open_notebook, page, run_all_cells, screenshot  # noqa: F401 - fixtures
 
 PANEL_CELL = """\
-from flair_nbddp.panel import TrainingPanel
+from flair_nbddp.notebook.panel import TrainingPanel
 from flair_nbddp.demo import train_classifier
 from flair_nbddp.synthetic import sentiment_corpus, tiny_transformer
 
@@ -35,7 +33,7 @@ def _progress_until(page, percent: float, timeout: float) -> list[float]:
 
 
 def _workers_under(pid: int) -> list[str]:
-    """Command lines of the ``flair_nbddp.worker`` processes descending from ``pid`` (the lab and its kernels)."""
+    """Command lines of the ``flair_nbddp.worker.main`` processes descending from ``pid`` (the lab and its kernels)."""
     found = []
     for process in psutil.Process(pid).children(recursive=True):
         try:

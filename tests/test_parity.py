@@ -11,10 +11,10 @@ fails here.
 from __future__ import annotations
 
 import pytest
-
-from flair_nbddp import launch
 from flair_own_launcher import figures
 from parity_jobs import EPOCHS, KINDS, SEED, build_corpus, kit_train
+
+from flair_nbddp import launch
 
 pytestmark = [pytest.mark.process, pytest.mark.usefixtures("no_leftover_processes")]
 

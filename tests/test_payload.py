@@ -4,16 +4,16 @@ import stat
 import threading
 
 import pytest
-
 from conftest import python_program
-from flair_nbddp import payload
+
+from flair_nbddp.wire import payload
 
 
 def test_function_from_a_fileless_main_travels_by_value(tmp_path):
     path = tmp_path / "payload.pkl"
     python_program(
         f"""
-from flair_nbddp.payload import write_payload
+from flair_nbddp.wire.payload import write_payload
 offset = 10
 class Box:
     def __init__(self, v): self.v = v
@@ -24,7 +24,7 @@ write_payload({str(path)!r}, notebook_fn, (5,), {{"scale": 3}})
     )
     out = python_program(
         f"""
-from flair_nbddp.payload import read_payload
+from flair_nbddp.wire.payload import read_payload
 fn, args, kwargs = read_payload({str(path)!r})
 print(fn(*args, **kwargs))
 """
@@ -39,7 +39,7 @@ def test_corpus_captured_in_a_closure_travels_through_the_codec(tmp_path):
     sent = python_program(
         f"""
 import json
-from flair_nbddp.payload import write_payload
+from flair_nbddp.wire.payload import write_payload
 from flair_nbddp.synthetic import ner_corpus
 
 def make(corpus):
@@ -55,7 +55,7 @@ print(json.dumps(fn()))
     arrived = python_program(
         f"""
 import json
-from flair_nbddp.payload import read_payload
+from flair_nbddp.wire.payload import read_payload
 fn, args, kwargs = read_payload({str(path)!r})
 print(json.dumps(fn(*args, **kwargs)))
 """
@@ -201,9 +201,9 @@ def test_returned_model_moves_a_gpu_notebook_to_cpu(tmp_path, tiny_model_path, m
 def test_each_rank_checks_the_bytes_it_read_and_does_not_re_encode(monkeypatch):
     import hashlib
 
-    from flair_nbddp import codec
     from flair_nbddp.errors import CorpusMismatchError
     from flair_nbddp.synthetic import ner_corpus
+    from flair_nbddp.wire import codec
 
     data = codec.encode(ner_corpus(n_train=10, n_dev=2, n_test=2))
     monkeypatch.setattr(codec, "fingerprint", lambda corpus: pytest.fail("a rank re-encoded the corpus"))

@@ -8,12 +8,12 @@ import time
 
 import psutil
 import pytest
+from conftest import wait_for
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
+from training_jobs import train_sentiment
 
 from flair_nbddp import PoolClosedError, WorkerError, WorkerPool, start
-from conftest import wait_for
-from training_jobs import train_sentiment
 
 pytestmark = [pytest.mark.process, pytest.mark.usefixtures("no_leftover_processes")]
 TESTS = os.path.dirname(os.path.abspath(__file__))

@@ -10,7 +10,7 @@ import torch
 from flair.data import Sentence
 from flair.datasets import DataLoader, FlairDatapointDataset
 
-from flair_nbddp import random_streams
+from flair_nbddp.worker import random_streams
 
 
 def test_a_restore_puts_every_stream_back():

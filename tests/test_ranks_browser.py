@@ -2,9 +2,7 @@
 own output one click away. A module of its own: a JupyterLab of its own, with no other notebook's tabs."""
 
 import pytest
-
-from browser import lab, page  # noqa: F401 - fixtures
-from browser import needs_browser, open_notebook, run_all_cells, screenshot
+from browser import lab, needs_browser, open_notebook, page, run_all_cells, screenshot  # noqa: F401 - fixtures
 
 SPEAKING_CELLS = ["""\
 import flair_nbddp

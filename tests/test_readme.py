@@ -5,8 +5,8 @@ import re
 from pathlib import Path
 
 import flair_nbddp
-from flair_nbddp.cell import free_names
-from flair_nbddp.magic import DdpMagics
+from flair_nbddp.notebook.cell_names import free_names
+from flair_nbddp.notebook.magic import DdpMagics
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

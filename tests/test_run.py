@@ -6,18 +6,24 @@ import time
 from multiprocessing.connection import Connection
 
 import pytest
+from conftest import wait_for
 
 import flair_nbddp
-from flair_nbddp import payload
 from flair_nbddp.devices import DevicePlan
-from flair_nbddp.errors import DashboardUnavailableError, RunHangError, RunStateError, StillRunningError
-from flair_nbddp.events import EventSender, Finished, Job, ResultReady, Started
+from flair_nbddp.errors import (
+    DashboardUnavailableError,
+    RunHangError,
+    RunStateError,
+    StillRunningError,
+)
+from flair_nbddp.options import RunOptions
 from flair_nbddp.run import Run, runs
-from conftest import wait_for
+from flair_nbddp.wire import payload
+from flair_nbddp.wire.events import EventSender, Finished, Job, ResultReady, Started
 
 
 class FakeRanks:
-    """A :class:`~flair_nbddp.sources.RankGroup` whose ranks are this test: it sends their events itself."""
+    """A :class:`~flair_nbddp.worker_source.RankGroup` whose ranks are this test: it sends their events itself."""
 
     def __init__(self, world_size: int) -> None:
         pairs = [socket.socketpair() for _ in range(world_size)]
@@ -46,7 +52,7 @@ class FakeRanks:
 
 
 class FakeSource:
-    """A :class:`~flair_nbddp.sources.WorkerSource` of :class:`FakeRanks`, recording what the run asked of it."""
+    """A :class:`~flair_nbddp.worker_source.WorkerSource` of :class:`FakeRanks`, recording what the run asked of it."""
 
     def __init__(self, world_size: int = 2) -> None:
         self.plan = DevicePlan("cpu", world_size, "gloo")
@@ -88,7 +94,7 @@ def finish(source: FakeSource, value) -> None:
 
 
 def test_a_run_needs_nothing_of_its_source_but_the_protocol(source, tmp_path):
-    run = Run(double, (21,), {}, source, seed=3, run_dir=tmp_path / "run", distributed_eval=False).start()
+    run = Run(double, (21,), {}, source, RunOptions(seed=3, run_dir=tmp_path / "run", distributed_eval=False)).start()
     [job] = source.jobs
     assert (job.seed, job.run_dir, job.distributed_eval) == (3, str(tmp_path / "run"), False)
     assert payload.read_payload(job.payload)[1] == (21,)  # the call, packed once for every rank
@@ -159,7 +165,7 @@ def test_the_log_of_a_run_nobody_waits_for_stays_bounded(source):
 
 
 def test_the_hang_watchdog_ends_the_run_without_copying_snapshots(source):
-    run = Run(double, (1,), {}, source, hang_timeout=0.5).start()
+    run = Run(double, (1,), {}, source, RunOptions(hang_timeout=0.5)).start()
     snapshots = []
     take_snapshot = run.state.snapshot
     run.state.snapshot = lambda: snapshots.append(1) or take_snapshot()
@@ -193,7 +199,7 @@ def test_kill_after_the_end_leaves_the_ranks_alone(source):
 
 def test_a_reused_run_directory_shows_only_this_runs_output(source, tmp_path):
     (tmp_path / "rank0.log").write_text("an earlier run's line\n")
-    run = Run(double, (1,), {}, source, run_dir=tmp_path).start()
+    run = Run(double, (1,), {}, source, RunOptions(run_dir=tmp_path)).start()
     with open(run.log_files[0], "a") as log:
         log.write("this run's line\n")
     finish(source, 2)
@@ -205,16 +211,16 @@ def test_new_workers_start_while_a_corpus_is_packed_and_go_if_packing_fails(sour
     from flair_nbddp.synthetic import sentiment_corpus
 
     corpus = sentiment_corpus(n_train=4, n_dev=1, n_test=1)
-    run = Run(len, (corpus,), {}, source, hang_timeout=None).start()
+    run = Run(len, (corpus,), {}, source, RunOptions(hang_timeout=None)).start()
     assert source.preloads == [("torch", "flair")] and len(source.jobs) == 1
     finish(source, 6)
     assert run.wait(timeout=10).value == 6
     other = FakeSource()
     with pytest.raises(ShippingError):
-        Run(len, (corpus, threading.Lock()), {}, other, hang_timeout=None).start()
+        Run(len, (corpus, threading.Lock()), {}, other, RunOptions(hang_timeout=None)).start()
     assert other.preloads == [("torch", "flair")] and other.jobs == []  # prepared, never handed a job
     assert other.releases == [(True, "failed to start")]  # so what was started for it goes
-    quick = Run(double, (2,), {}, other, hang_timeout=None).start()  # a call that packs at once prepares nothing
+    quick = Run(double, (2,), {}, other, RunOptions(hang_timeout=None)).start()  # a call that packs at once prepares nothing
     assert other.preloads == [("torch", "flair")]
     finish(other, 4)
     assert quick.wait(timeout=10).value == 4

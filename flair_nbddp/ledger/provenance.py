@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, Callable
 
-from .payload import is_flair_object
+from ..wire.payload import is_flair_object, sizes
 
 SECRET = re.compile(
     r"token|secret|passw|pwd|passphrase|credential|auth(?!or)|cookie|bearer|(^|[_-])key$|_?key_|api_?key|access_?key",
@@ -53,32 +53,6 @@ class Provenance:
     source: str | None = None
     params: dict | None = None
     options: dict = field(default_factory=dict)
-
-
-def sizes(obj: Any) -> dict[str, int]:
-    """A corpus's split sizes, or a dataset's length; empty for anything else.
-
-    Example:
-        >>> sizes([1, 2, 3]), sizes(3)
-        ({'len': 3}, {})
-    """
-    if all(hasattr(obj, split) for split in ("train", "dev", "test")):
-        return {split: length(getattr(obj, split)) for split in ("train", "dev", "test")}
-    size = length(obj)
-    return {} if size is None and not isinstance(obj, (str, bytes)) else {"len": size}
-
-
-def length(obj: Any) -> int | None:
-    """``len(obj)``; 0 for None, None for an object without a length.
-
-    Example:
-        >>> length([1, 2]), length(None), length(3)
-        (2, 0, None)
-    """
-    try:
-        return 0 if obj is None else len(obj)
-    except TypeError:
-        return None
 
 
 def describe(value: Any, digests: dict[int, str] | None = None, depth: int = 0) -> Any:

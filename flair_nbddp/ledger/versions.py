@@ -14,7 +14,7 @@ import functools
 import importlib.metadata
 import platform
 
-from . import __version__
+from .._version import __version__
 
 NO_CUDA = "none (a CPU build of torch)"
 

@@ -1,11 +1,11 @@
 """Where a run's ranks come from: the worker source protocol, and cold workers.
 
 A :class:`~flair_nbddp.run.Run` knows nothing of how its workers were started. It asks a
-:class:`WorkerSource` for a group of ranks running its :class:`~flair_nbddp.events.Job` and gives it
+:class:`WorkerSource` for a group of ranks running its :class:`~flair_nbddp.wire.events.Job` and gives it
 back when the job is over. :class:`ColdWorkers` start a group for one job and end it afterwards;
 :class:`~flair_nbddp.WorkerPool` keeps its group for the next job. Either group may be this machine's worker
-processes (:class:`~flair_nbddp.group.WorkerGroup`) or ranks on a Dask cluster
-(:class:`~flair_nbddp.cluster_group.ClusterGroup`): ``Run``, the views, the magic and the panel stay as they are.
+processes (:class:`~flair_nbddp.local_ranks.WorkerGroup`) or ranks on a Dask cluster
+(:class:`~flair_nbddp.cluster.ranks.ClusterGroup`): ``Run``, the views, the magic and the panel stay as they are.
 
 Example:
     >>> from flair_nbddp.devices import resolve_devices
@@ -16,25 +16,47 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from .devices import DevicePlan
-from .events import EXIT, Job
-from .group import TERMINATE_GRACE_SECONDS, WorkerGroup
+from .devices import DevicePlan, resolve_devices
+from .errors import ConfigurationError, DeviceError
+from .local_ranks import TERMINATE_GRACE_SECONDS, WorkerGroup
+from .options import RunOptions
 from .rundir import RunDir
+from .wire.events import EXIT, Job
 
 
 @runtime_checkable
 class RankGroup(Protocol):
-    """What a run needs of the ranks running its job.
+    """The ranks of one machine (:class:`~flair_nbddp.local_ranks.WorkerGroup`) or of a Dask cluster
+    (:class:`~flair_nbddp.cluster.ranks.ClusterGroup`): everything a worker source and a run do with them.
 
     Each rank's events arrive on ``connections[rank]`` (a closed channel means the rank is exiting), and
-    each rank writes its output to ``rank<r>.log`` in the job's run directory.
+    each rank writes its output to ``rank<r>.log`` in the job's run directory. A source starts the group,
+    submits jobs to it and closes it; the run's supervisor watches and, when it must, terminates it.
     """
 
     connections: list[Connection]
     terminating: bool  # True once terminate() was called: exits after it are not the ranks' own doing
+
+    def start(self, preload: tuple[str, ...] = ()) -> RankGroup:
+        """Start every rank; each imports ``preload`` and waits for its first job. Returns the group."""
+
+    def submit(self, job: Job) -> None:
+        """Hand ``job`` to every rank."""
+
+    def close(self, grace: float = TERMINATE_GRACE_SECONDS) -> None:
+        """Ask every rank to exit, end those still there after ``grace`` seconds, close the channels."""
+
+    @property
+    def alive(self) -> bool:
+        """Every rank is running."""
+
+    @property
+    def pids(self) -> list[int]:
+        """Each rank's worker process id (on a cluster: on its own host)."""
 
     def send_all(self, message: Any) -> None:
         """Send a request (STOP) to every rank."""
@@ -83,12 +105,12 @@ class ColdWorkers:
     if they have not.
 
     ``new_group`` makes the group for a directory: this machine's worker processes by default, or a cluster's
-    ranks (:func:`flair_nbddp.cluster_group.cluster_group_factory`), which ``where`` then names."""
+    ranks (:func:`flair_nbddp.cluster.ranks.cluster_group_factory`), which ``where`` then names."""
 
-    def __init__(self, plan: DevicePlan, new_group: Callable[[RunDir], Any] | None = None, where: str = "") -> None:
+    def __init__(self, plan: DevicePlan, new_group: Callable[[RunDir], RankGroup] | None = None, where: str = "") -> None:
         self.plan, self.where = plan, where
         self.new_group = new_group or (lambda home: WorkerGroup(plan, home))
-        self._group: Any = None
+        self._group: RankGroup | None = None
         self._handed = False  # whether the group got its job
 
     def prepare(self, run_dir: RunDir, preload: tuple[str, ...]) -> None:
@@ -113,3 +135,48 @@ class ColdWorkers:
         if self._group is not None:
             # workers that never got a job are busy importing: they are ended, not asked to leave
             self._group.close() if self._handed else self._group.close(grace=0.0)
+
+
+def new_workers(
+    processes: int | None, device: str | None, gpus: Sequence[int] | None, cluster: Any = None
+) -> ColdWorkers:
+    """New workers for one run: on this machine, or one rank per Dask worker of ``cluster`` (a
+    ``distributed.Client`` or a scheduler address; see :mod:`flair_nbddp.cluster.client`)."""
+    if cluster is None:
+        return ColdWorkers(resolve_devices(device, processes, gpus))
+    from .cluster.client import connect, place
+    from .cluster.ranks import cluster_group_factory
+
+    if gpus is not None:
+        raise ConfigurationError(
+            "gpus= picks GPUs of this machine; on a cluster every Dask worker with a GPU runs one rank: leave gpus "
+            "out (processes= says how many)"
+        )
+    client = connect(cluster)
+    placement = place(client, processes, device)
+    return ColdWorkers(placement.plan, cluster_group_factory(client, placement), f" {placement.describe()}")
+
+
+def source_for(options: RunOptions, pool: WorkerSource | None) -> WorkerSource:
+    """Where a run with ``options`` gets its ranks: ``pool`` (whose devices ``options`` may only repeat), else
+    new workers of this machine or of ``options.cluster``.
+
+    Raises:
+        ConfigurationError: both a pool and a cluster.
+        DeviceError: devices the pool does not have, or impossible ones.
+        ClusterError: the cluster cannot take the ranks.
+    """
+    if pool is None:
+        return new_workers(options.processes, options.device, options.gpus, options.cluster)
+    if options.cluster is not None:
+        raise ConfigurationError(
+            "pool= and cluster= both say where to run: a pool made with WorkerPool(cluster=...) runs on its cluster "
+            "already, so pass only pool=, or only cluster= for new workers"
+        )
+    mismatch = pool.plan.mismatch(options.processes, options.device, options.gpus)
+    if mismatch:
+        raise DeviceError(
+            f"the warm pool runs {mismatch}: leave processes/device/gpus out to run on it, or run without the "
+            "pool (launch without pool=, or '%ddp_pool stop' in a notebook)"
+        )
+    return pool

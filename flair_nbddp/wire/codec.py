@@ -68,7 +68,7 @@ from typing import Any, Callable, Iterator
 import cloudpickle
 import numpy as np
 
-from .errors import ConfigurationError, UnsupportedContentError
+from ..errors import ConfigurationError, UnsupportedContentError
 
 __all__ = ["decode", "encode", "fingerprint", "supports"]
 
@@ -173,8 +173,18 @@ def fingerprint(obj: Any) -> str:
 @functools.cache
 def _flair() -> SimpleNamespace:
     """flair's classes, imported on first use so that importing this module stays cheap."""
-    from flair.data import ConcatFlairDataset, Corpus, DataPair, DataTriple, FlairDataset, Label, Relation
-    from flair.data import Sentence, Span, Token
+    from flair.data import (
+        ConcatFlairDataset,
+        Corpus,
+        DataPair,
+        DataTriple,
+        FlairDataset,
+        Label,
+        Relation,
+        Sentence,
+        Span,
+        Token,
+    )
     from torch.utils.data import ConcatDataset, Subset
 
     return SimpleNamespace(
@@ -206,7 +216,7 @@ def _is_datapoint_list(obj: Any) -> bool:
 
 
 def _is_lazy(obj: Any) -> bool:
-    """A lazy list of data points (:class:`~flair_nbddp.lazy_corpus.LazyDataPoints`): encoded as its items."""
+    """A lazy list of data points (:class:`~flair_nbddp.wire.lazy_corpus.LazyDataPoints`): encoded as its items."""
     return hasattr(type(obj), "__flair_nbddp_datapoints__")
 
 
@@ -244,7 +254,7 @@ def _describe(obj: Any) -> str:
 
 def _unsupported(obj: Any, why: str) -> UnsupportedContentError:
     return UnsupportedContentError(
-        f"flair_nbddp.codec cannot encode {_describe(obj)}: {why}; it will be shipped by cloudpickle instead"
+        f"flair_nbddp.wire.codec cannot encode {_describe(obj)}: {why}; it will be shipped by cloudpickle instead"
     )
 
 
@@ -631,11 +641,11 @@ class _Stream:
 
 class _Decoder:
     """Reads the sections and rebuilds any one sentence or pair on its own; :meth:`decode` rebuilds them all
-    and the object around them. Random access is what a lazy corpus (:mod:`flair_nbddp.lazy_corpus`) needs."""
+    and the object around them. Random access is what a lazy corpus (:mod:`flair_nbddp.wire.lazy_corpus`) needs."""
 
     def __init__(self, data: bytes) -> None:
         if not data.startswith(_MAGIC):
-            raise ConfigurationError("these bytes were not written by this version of flair_nbddp.codec.encode")
+            raise ConfigurationError("these bytes were not written by this version of flair_nbddp.wire.codec.encode")
         (length,) = _LENGTH.unpack_from(data, len(_MAGIC))
         offset = len(_MAGIC) + _LENGTH.size
         self.header = header = json.loads(data[offset : offset + length])

@@ -1,6 +1,6 @@
 """The worker processes of this machine: starting them, talking to them, ending them.
 
-A :class:`WorkerGroup` is one worker process (:func:`flair_nbddp.worker.main`) per rank, each in its own session (a
+A :class:`WorkerGroup` is one worker process (:func:`flair_nbddp.worker.main.main`) per rank, each in its own session (a
 kernel interrupt reaches only the kernel), with a private socket pair to the parent, its start-up output
 in ``rank<r>.log`` of the directory it started in, and rank 0 serving the rendezvous store on a loopback
 socket the parent bound. Every message, the worker's spec included, travels over the socket pair; the
@@ -29,15 +29,15 @@ from typing import Any
 
 from .devices import DevicePlan, rendezvous_socket
 from .errors import describe_exit
-from .events import EXIT, Job, WorkerSpec
 from .rundir import RunDir
+from .wire.events import EXIT, Job, WorkerSpec
 
 TERMINATE_GRACE_SECONDS = 3.0
 RENDEZVOUS_TIMEOUT_SECONDS = 600
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 # not `python -m`, which puts the working directory first: a folder named flair_nbddp there (a checkout of
 # another version) would give the workers another kit than the notebook's
-_WORKER_COMMAND = f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); from flair_nbddp.worker import main; main()"
+_WORKER_COMMAND = f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); from flair_nbddp.worker.main import main; main()"
 
 
 def spawn_worker(

@@ -50,8 +50,8 @@ class WorkerSpec:
 class Job:
     """One run for a group of workers: its packed call, where rank 0 puts the result, the seed, the run
     directory each rank writes its output to (``rank<r>.log``) while the job runs, whether the ranks
-    share out flair's evaluations (:mod:`flair_nbddp.distributed_eval`), whether corpora stay compact until
-    read (:mod:`flair_nbddp.lazy_corpus`), and the objects put on the pool that the workers may keep
+    share out flair's evaluations (:mod:`flair_nbddp.worker.distributed_eval`), whether corpora stay compact until
+    read (:mod:`flair_nbddp.wire.lazy_corpus`), and the objects put on the pool that the workers may keep
     (:meth:`flair_nbddp.WorkerPool.put`)."""
 
     payload: str

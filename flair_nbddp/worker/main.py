@@ -1,8 +1,8 @@
 """The worker process: :func:`main` with the channel's descriptor as its argument, one per rank, started by a
 WorkerGroup (the parent's copy of the kit first on its path).
 
-Lifecycle: read the :class:`~flair_nbddp.events.WorkerSpec` from the channel, listen to the parent, then
-run every :class:`~flair_nbddp.events.Job` it sends until it says EXIT. Stdout and stderr go to
+Lifecycle: read the :class:`~flair_nbddp.wire.events.WorkerSpec` from the channel, listen to the parent, then
+run every :class:`~flair_nbddp.wire.events.Job` it sends until it says EXIT. Stdout and stderr go to
 ``rank<r>.log`` of the job's run directory while the job runs (the parent tails rank 0's into the cell),
 and to the group's own log between jobs. The first job sets the worker up (device, process group, flair
 bent once it is imported), so what set-up prints lands in that job's log. Each job is then unpacked,
@@ -38,10 +38,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable
 
-from . import distributed_eval, interactive, lazy_corpus, payload, shared
-from .counters import TrainingCounters
-from .errors import HealthCheckError
-from .events import (
+from ..errors import HealthCheckError
+from ..rundir import RunDir
+from ..wire import lazy_corpus, payload, pool_ref
+from ..wire.events import (
     EXIT,
     STOP,
     STOP_REQUESTED,
@@ -54,7 +54,8 @@ from .events import (
     Started,
     WorkerSpec,
 )
-from .rundir import RunDir
+from . import ddp_exec, distributed_eval
+from .counters import TrainingCounters
 
 HEARTBEAT_SECONDS = 1.0
 
@@ -123,7 +124,7 @@ def _listen_to_parent(sender: EventSender, jobs: queue.Queue) -> None:
                 message = sender.connection.recv()
                 if message == STOP:
                     STOP_REQUESTED.set()
-                    interactive.interrupt_cell()  # a %%ddp_exec cell running: KeyboardInterrupt inside it
+                    ddp_exec.interrupt_cell()  # a %%ddp_exec cell running: KeyboardInterrupt inside it
                 elif message == EXIT:
                     jobs.put(None)
                 else:  # a new job: a STOP for it can only come after it, even one sent during set-up
@@ -277,7 +278,7 @@ def _return_value(job: Job, value: Any) -> None:
     try:
         payload.write_result(job.result, value)
     except payload.ShippingError as error:
-        saved_models = sys.modules["flair_nbddp.flair_compat"].SAVED_MODELS if "flair" in sys.modules else []
+        saved_models = sys.modules["flair_nbddp.worker.flair_compat"].SAVED_MODELS if "flair" in sys.modules else []
         if saved_models:
             saved = ", ".join(str(path.resolve()) for path in saved_models)
             raise type(error)(f"{error} The trained model is safe: rank 0 saved {saved}.") from error
@@ -362,7 +363,7 @@ def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) ->
     _reset_between_jobs(vitals)  # restores flair's logger: the warnings handler goes on after it
     vitals.warnings_handler = _WarningsToStderrFile(RunDir(Path(job.run_dir)).stderr(rank))
     _attach_warnings(vitals)
-    shared.keep_only(job.shared)  # what was released since the last job goes
+    pool_ref.keep_only(job.shared)  # what was released since the last job goes
     fn, args, kwargs = payload.read_payload(job.payload, job.lazy_corpus)
     # a shipped corpus is millions of objects that live as long as the job: keep the cyclic collector
     # from rescanning them at every full collection (~11 s each for 50,000 IMDB-length documents).
@@ -376,7 +377,7 @@ def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) ->
         _check_health(spec.world_size, vitals.device)
         sender.send(Started(rank, os.getpid(), str(vitals.device), socket.gethostname()))
         _seed_everything(job.seed)
-        interactive.begin_job(rank, spec.world_size, vitals.device, vitals.store, job.key)
+        ddp_exec.begin_job(rank, spec.world_size, vitals.device, vitals.store, job.key)
         distributed_eval.start_job(f"flair_nbddp/{job.key}", job.distributed_eval)
         try:
             value = fn(*args, **kwargs)
@@ -445,8 +446,8 @@ def main() -> None:
     vitals = _Vitals()
     _start_heartbeat(sender, spec.rank, vitals)
     sys.path[:0] = [entry for entry in spec.sys_path if entry not in sys.path]  # notebook-local modules import
-    shared.HOST_DIR = spec.shared_dir
-    interactive.install_interrupts()  # a STOP interrupts a %%ddp_exec cell, and nothing else
+    pool_ref.HOST_DIR = spec.shared_dir
+    ddp_exec.install_interrupts()  # a STOP interrupts a %%ddp_exec cell, and nothing else
     try:
         # private like every file of the run; stays open for faulthandler until exit
         stacks = os.fdopen(os.open(spec.stacks, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")

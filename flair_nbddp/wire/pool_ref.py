@@ -4,7 +4,7 @@ Packing a corpus of 50,000 IMDB-length reviews takes seconds, and every launch t
 again. :meth:`flair_nbddp.WorkerPool.put` packs it once, into a file of the pool's own directory, and returns
 a :class:`PoolRef`. A job that receives the ref (as an argument, or anywhere inside one) ships a few bytes
 naming that file; each worker reads and checks the file on its first job that needs it and keeps the bytes,
-and every such job decodes its own copy from them (lazily, for a corpus: :mod:`flair_nbddp.lazy_corpus`),
+and every such job decodes its own copy from them (lazily, for a corpus: :mod:`flair_nbddp.wire.lazy_corpus`),
 so one job's changes never reach the next.
 
 A ref is a snapshot: changing the object in the notebook after ``put`` does not change what the workers
@@ -33,9 +33,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from ..errors import CorpusMismatchError, PoolRefError
 from . import payload
-from .errors import CorpusMismatchError, PoolRefError
-from .provenance import length, sizes
+from .payload import length, sizes
 
 _WORKER_COPIES: dict[str, bytes] = {}  # in a worker: the bytes of each ref it has read, by ref id
 HOST_DIR: str | None = None  # in a worker on a cluster: where its host keeps the refs' files (named by id)

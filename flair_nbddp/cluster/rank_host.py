@@ -3,7 +3,7 @@ process and relays between it and the notebook through Dask.
 
 Each rank is one task, :func:`host_rank`, pinned to its Dask worker. It secedes from the worker's thread
 pool (the worker can still run other tasks), starts the kit's own worker process
-(:func:`flair_nbddp.worker.main`, exactly as on one machine) and then relays:
+(:func:`flair_nbddp.worker.main.main`, exactly as on one machine) and then relays:
 
 - down, from the notebook: the rank's :class:`distributed.Queue` carries jobs, STOP, EXIT, stack
   requests and terminations;
@@ -37,11 +37,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .devices import interface_of, rendezvous_socket
-from .errors import ClusterError
-from .events import Failed, Job, ModelsSaved, ResultReady, Started, Stopped, WorkerSpec
-from .group import RENDEZVOUS_TIMEOUT_SECONDS, TERMINATE_GRACE_SECONDS, spawn_worker
-from .rundir import RunDir, runs_root
+from ..devices import interface_of, rendezvous_socket
+from ..errors import ClusterError
+from ..local_ranks import (
+    RENDEZVOUS_TIMEOUT_SECONDS,
+    TERMINATE_GRACE_SECONDS,
+    spawn_worker,
+)
+from ..rundir import RunDir, runs_root
+from ..wire.events import (
+    Failed,
+    Job,
+    ModelsSaved,
+    ResultReady,
+    Started,
+    Stopped,
+    WorkerSpec,
+)
 
 RELAY_SECONDS = 0.1  # how often a rank's events and output go up
 LISTEN_SECONDS = 0.2  # how often its down queue is read
@@ -386,7 +398,7 @@ class _RankHost:
 def host_rank(group_id: str, site: Site, spec: WorkerSpec) -> int:
     """The Dask task of one rank: keep its worker process and relay for it until it exits; its exit code.
 
-    ``spec`` is the rank's :class:`~flair_nbddp.events.WorkerSpec` as the notebook sees it; the store's
+    ``spec`` is the rank's :class:`~flair_nbddp.wire.events.WorkerSpec` as the notebook sees it; the store's
     address, the stacks file and the shared directory are this node's.
     """
     from distributed import secede

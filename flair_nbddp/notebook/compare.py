@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .errors import ConfigurationError
-from .ledger import RunRecord
+from ..errors import ConfigurationError
+from ..ledger.store import RunRecord
 from .run_table import params_text
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 A decoded corpus costs about 120 MB of worker memory per 1,000 IMDB-length documents (flair's objects: a
 ``Token`` with five dicts per word); its encoded form costs about 0.5 MB. :func:`decode_lazy` rebuilds the
-object around the sentences as :func:`flair_nbddp.codec.decode` does (the ``Corpus``, its datasets,
+object around the sentences as :func:`flair_nbddp.wire.codec.decode` does (the ``Corpus``, its datasets,
 ``Subset``\\ s...), but every list of sentences or pairs in it becomes a :class:`LazyDataPoints`: a sequence
 that builds item ``i`` from the bytes when it is read, and lets it go when nothing holds it any more. So
 flair's data loader, its evaluation, ``make_label_dictionary`` and its same-corpus check on every rank read
@@ -21,7 +21,7 @@ Corpora whose sentences link to their neighbours (flair's context: ``_previous_s
 table refers to sentences are built up front as before (:func:`decode_lazy` falls back on its own).
 
 Example:
-    >>> from flair_nbddp import codec
+    >>> from flair_nbddp.wire import codec
     >>> from flair_nbddp.synthetic import sentiment_corpus
     >>> corpus = decode_lazy(codec.encode(sentiment_corpus(n_train=50, n_dev=5, n_test=5)))
     >>> type(corpus.train.datapoints).__name__, len(corpus.train)
@@ -108,11 +108,11 @@ class LazyDataPoints(Sequence):
 
     Indexing, slicing (a list of the items), iteration, ``len`` and ``in`` work as on a list; it cannot be
     changed (no ``append`` or item assignment): build the corpus you want in the notebook, or wrap the dataset
-    in a ``torch.utils.data.Subset``. Pickled, or encoded by :mod:`flair_nbddp.codec` (say, in a returned
+    in a ``torch.utils.data.Subset``. Pickled, or encoded by :mod:`flair_nbddp.wire.codec` (say, in a returned
     value), it is the list of its items.
 
     Example:
-        >>> from flair_nbddp import codec
+        >>> from flair_nbddp.wire import codec
         >>> from flair_nbddp.synthetic import ner_corpus
         >>> corpus = decode_lazy(codec.encode(ner_corpus(n_train=20, n_dev=5, n_test=5)))
         >>> items = corpus.train.datapoints
@@ -153,7 +153,7 @@ class LazyDataPoints(Sequence):
         return list(found.values())
 
     def __flair_nbddp_datapoints__(self) -> list:
-        """Its items as a list: what :mod:`flair_nbddp.codec` encodes in its place."""
+        """Its items as a list: what :mod:`flair_nbddp.wire.codec` encodes in its place."""
         return list(self)
 
     def __repr__(self) -> str:
@@ -161,9 +161,9 @@ class LazyDataPoints(Sequence):
 
 
 def decode_lazy(data: bytes) -> Any:
-    """Rebuild what :func:`flair_nbddp.codec.encode` encoded, its lists of data points lazy (see the module).
+    """Rebuild what :func:`flair_nbddp.wire.codec.encode` encoded, its lists of data points lazy (see the module).
 
-    Falls back to :func:`flair_nbddp.codec.decode` (everything built) where sentences link to their neighbours
+    Falls back to :func:`flair_nbddp.wire.codec.decode` (everything built) where sentences link to their neighbours
     or the side table refers to sentences.
     """
     decoder = _Decoder(data)
@@ -238,7 +238,7 @@ def built_points(dataset: Any) -> list | None:
     list, or a dataset holding anything else.
 
     Example:
-        >>> from flair_nbddp import codec
+        >>> from flair_nbddp.wire import codec
         >>> from flair_nbddp.synthetic import sentiment_corpus
         >>> corpus = decode_lazy(codec.encode(sentiment_corpus(n_train=30, n_dev=5, n_test=5)))
         >>> held = corpus.train[4]

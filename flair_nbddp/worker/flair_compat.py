@@ -33,10 +33,17 @@ from flair.trainers.plugins import TrainerPlugin
 from flair.trainers.plugins.base import TrainingInterrupt
 from flair.trainers.plugins.metric_records import MetricRecord
 
-from . import interactive
+from ..errors import MissingMultiGpuError
+from ..wire.events import (
+    STOP_REQUESTED,
+    EventSender,
+    Metric,
+    ModelsSaved,
+    Progress,
+    Stopped,
+)
+from . import ddp_exec
 from .counters import TrainingCounters
-from .errors import MissingMultiGpuError
-from .events import STOP_REQUESTED, EventSender, Metric, ModelsSaved, Progress, Stopped
 
 SAVED_MODELS: list[Path] = []  # model files flair wrote during the current job, newest last
 
@@ -271,12 +278,12 @@ def instrument_trainer(
                 "each rank would train on the whole corpus on its own. Add multi_gpu=True to the call."
             )
         streaming = StreamingPlugin(sender, rank, counters, control_group)
-        interactive.training(True)  # an interrupt of a %%ddp_exec cell waits for the same-batch stop
+        ddp_exec.training(True)  # an interrupt of a %%ddp_exec cell waits for the same-batch stop
         try:
             scores = original(self, *args, multi_gpu=multi_gpu, plugins=[*(plugins or []), streaming], **kwargs)
         finally:
-            interactive.training(False)
-        if streaming.stopped and interactive.in_cell():
+            ddp_exec.training(False)
+        if streaming.stopped and ddp_exec.in_cell():
             raise KeyboardInterrupt(f"stopped after the same batch on every rank; model: {streaming.checkpoint}")
         if streaming.stopped and isinstance(scores, dict) and "test_score" in scores:
             scores["test_score"] = float("nan")  # flair's 0 would read as a score; there was no test evaluation

@@ -4,7 +4,7 @@ The panel never blocks the notebook: Train starts a :class:`~flair_nbddp.Run` (t
 :func:`flair_nbddp.start`) and a background thread waits for it, so the cell returns at once and the kernel
 stays free to receive the Stop click. That thread only sets widget values (it never prints: output from a
 thread lands in whichever cell happens to run). The module has two halves, like
-:mod:`~flair_nbddp.dashboard`: pure functions that turn ``params`` into widgets and records into HTML, and
+:mod:`~flair_nbddp.notebook.dashboard`: pure functions that turn ``params`` into widgets and records into HTML, and
 the :class:`TrainingPanel` that wires them to runs.
 
 Example::
@@ -27,7 +27,17 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from .api import start
+from ..api import start
+from ..devices import DevicePlan, resolve_devices, visible_gpu_count
+from ..errors import ConfigurationError, NotCallableError, RunActiveError
+from ..ledger.provenance import Provenance
+from ..ledger.store import Ledger, RunRecord
+from ..options import RunOptions, documented
+from ..pool import WorkerPool, current_pool
+from ..result import RunResult
+from ..run import Run, wait_for_end
+from ..state import Snapshot
+from ..wire.pool_ref import PoolRef, trackable
 from .dashboard import (
     BORDER_COLOR,
     MUTED_COLOR,
@@ -39,16 +49,7 @@ from .dashboard import (
     format_duration,
     progress_text,
 )
-from .devices import DevicePlan, resolve_devices, visible_gpu_count
-from .errors import ConfigurationError, NotCallableError, RunActiveError
-from .ledger import Ledger, RunRecord
-from .pool import WorkerPool, current_pool
-from .provenance import Provenance
-from .result import RunResult
-from .run import DEFAULT_HANG_TIMEOUT, DEFAULT_STOP_TIMEOUT, Run, wait_for_end
 from .run_table import runs_html
-from .shared import PoolRef, trackable
-from .state import Snapshot
 
 if TYPE_CHECKING:
     import ipywidgets
@@ -375,11 +376,10 @@ class TrainingPanel:
         corpus: passed first to ``fn``; None: ``fn`` gets keyword arguments only.
         params: the hyperparameters the form offers, by name (rules above).
         fixed: more keyword arguments every run passes unchanged (paths, ``return_model=False``...).
-        processes, device: the selector's first choice (default: every GPU, else 2 CPU processes;
-            ``$FLAIR_NBDDP_PROCESSES``/``$FLAIR_NBDDP_DEVICE`` apply).
-        seed, timeout, stop_timeout, hang_timeout, distributed_eval, lazy_corpus: passed to every
-            :class:`~flair_nbddp.Run`
-            (as for :func:`~flair_nbddp.launch`).
+        options, run_options: the :class:`~flair_nbddp.RunOptions` of every run it starts (keywords win over
+            ``options``), as for :func:`~flair_nbddp.launch`; ``processes`` and ``device`` are the device
+            selector's first choice (default: every GPU, else 2 CPU processes; ``$FLAIR_NBDDP_PROCESSES`` and
+            ``$FLAIR_NBDDP_DEVICE`` apply), and the selector's choice is what each run uses.
 
     Raises:
         ConfigurationError: (a ``ValueError``) a param makes no widget, or ``fn`` would not accept the
@@ -388,7 +388,7 @@ class TrainingPanel:
     The widgets are attributes: ``widget`` (the root, CSS class ``nbddp-panel``), ``controls`` (one per
     param), ``devices``, ``train_button`` (``nbddp-train``), ``stop_button`` (``nbddp-stop``), ``status``
     (``nbddp-panel-status``), ``message`` (``nbddp-panel-error``: errors, in red), ``history``
-    (``nbddp-history``) and ``dashboard`` (the current run's :class:`~flair_nbddp.dashboard.Dashboard`).
+    (``nbddp-history``) and ``dashboard`` (the current run's :class:`~flair_nbddp.notebook.dashboard.Dashboard`).
 
     Example::
 
@@ -405,6 +405,7 @@ class TrainingPanel:
         # {'test_score': 0.87, 'dev/score': 0.9, 'train/loss': 0.21}
     """
 
+    @documented("dashboard")
     def __init__(
         self,
         fn: Callable,
@@ -412,24 +413,15 @@ class TrainingPanel:
         params: Mapping[str, Any] | None = None,
         *,
         fixed: Mapping[str, Any] | None = None,
-        processes: int | None = None,
-        device: str | None = None,
-        seed: int | None = None,
-        timeout: float | None = None,
-        stop_timeout: float = DEFAULT_STOP_TIMEOUT,
-        hang_timeout: float | None = DEFAULT_HANG_TIMEOUT,
-        distributed_eval: bool = True,
-        lazy_corpus: bool = True,
+        options: RunOptions | None = None,
+        **run_options: Any,
     ) -> None:
         if not callable(fn):
             raise NotCallableError(f"fn must be callable (the training function), not {type(fn).__name__}")
         self.fn, self.fixed = fn, dict(fixed or {})
         self._shared: PoolRef | None = None  # the corpus put on the current pool, while it matches
         self.corpus = corpus
-        self.run_options = dict(
-            seed=seed, timeout=timeout, stop_timeout=stop_timeout, hang_timeout=hang_timeout,
-            distributed_eval=distributed_eval, lazy_corpus=lazy_corpus,
-        )  # fmt: skip
+        self.options = RunOptions.of(run_options, options, where="TrainingPanel(): ")
         self.controls = build_form(dict(params or {}))
         self._check_arguments()
         self.runs: list[PanelRun] = []
@@ -437,7 +429,7 @@ class TrainingPanel:
         self.dashboard: Dashboard | None = None
         self._done = threading.Event()  # set while no run is active
         self._done.set()
-        self._default_plan = resolve_devices(device, processes)
+        self._default_plan = resolve_devices(self.options.device, self.options.processes)
         self._build_widgets()
         self._lock(False)
 
@@ -623,8 +615,8 @@ class TrainingPanel:
         device, processes = self.devices.value
         args = () if self.corpus is None else (self._corpus_for(pool),)
         run = start(
-            self.fn, args, {**self.fixed, **chosen}, device=device, processes=processes, pool=pool,
-            provenance=Provenance("panel"), **self.run_options,
+            self.fn, args, {**self.fixed, **chosen}, options=self.options, device=device, processes=processes,
+            pool=pool, provenance=Provenance("panel"),
         )  # fmt: skip
         self.run, self._done = run, threading.Event()
         record = PanelRun(len(self.runs) + 1, chosen, str(run.plan), record_id=run.record_id)

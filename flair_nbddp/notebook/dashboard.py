@@ -24,10 +24,11 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
-from .errors import DashboardUnavailableError, WorkerError
-from .result import RunResult
-from .run import Run
-from .state import MetricPoint, RankInfo, Snapshot, rank_health
+from ..errors import DashboardUnavailableError, WorkerError
+from ..result import RunResult
+from ..run import Run
+from ..state import MetricPoint, RankInfo, Snapshot, rank_health
+from ..watch import RunView
 
 Series = dict[str, list[tuple[int, float]]]
 Problem = tuple[str, str]  # a failure's headline and details; ("", "") for none
@@ -476,19 +477,6 @@ def progress_line(snapshot: Snapshot) -> str:
 
 
 # -- views ----------------------------------------------------------------------------------------
-class RunView:
-    """What :func:`~flair_nbddp.launch` drives: ``start`` before waiting, ``poll`` while waiting, ``finish`` after."""
-
-    def start(self) -> None:
-        """Show the view; call on the cell's (main) thread."""
-
-    def poll(self) -> None:
-        """Called about ten times a second on the main thread while the run is waited for."""
-
-    def finish(self, result: RunResult | None, error: BaseException | None = None) -> None:
-        """Stop updating and show the outcome (see :func:`end_status`); ``result`` is None if ``wait`` raised."""
-
-
 class NullView(RunView):
     """Shows rank 0's log lines and nothing else (``launch(..., dashboard=False)``), printed on the main thread."""
 

@@ -1,7 +1,7 @@
 """Runs as an HTML table: what ``%ddp_runs`` shows, and the panel's history of its runs.
 
 Example:
-    >>> from flair_nbddp.ledger import RunRecord
+    >>> from flair_nbddp.ledger.store import RunRecord
     >>> record = RunRecord(id=3, name="train", status="finished", devices="2 × cpu (gloo)", elapsed=30.0,
     ...                    params={"kwargs": {"lr": 0.005}}, scores={"test_score": 0.91})
     >>> table = runs_html([record])
@@ -16,8 +16,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..ledger.store import RunRecord
 from .dashboard import BORDER_COLOR, MUTED_COLOR, STATUS_COLORS, format_duration
-from .ledger import RunRecord
 
 _CELL = f"padding:2px 12px 2px 0;border-bottom:1px solid {BORDER_COLOR};text-align:right;white-space:nowrap"
 _HEAD = f"{_CELL};color:{MUTED_COLOR};font-weight:600"

@@ -15,27 +15,40 @@ Example (in a notebook)::
 from __future__ import annotations
 
 import ast
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class, no_var_expand
+from IPython.core.magic import (
+    Magics,
+    cell_magic,
+    line_cell_magic,
+    line_magic,
+    magics_class,
+    no_var_expand,
+)
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .api import launch
-from .cell import execute_cell, names_to_ship
-from .devices import gpu_names, resolve_devices
-from .errors import (
-    ClusterError, ConfigurationError, DeviceError, LedgerError, ShippingError, UnsupportedPlatformError,
+from ..api import launch
+from ..devices import gpu_names, resolve_devices
+from ..errors import (
+    ClusterError,
+    ConfigurationError,
+    DeviceError,
+    LedgerError,
+    ShippingError,
+    UnsupportedPlatformError,
 )
-from .ledger import ENDED, history, ledger_path
-from .payload import describe_unpicklable
-from .pool import WorkerPool, check_ranks, current_pool, set_current_pool
-from .interactive import PREDEFINED, RankResult
-from .provenance import Provenance
-from .rank_output import OUTPUT_MODES
-from .run import DEFAULT_HANG_TIMEOUT, DEFAULT_STOP_TIMEOUT, runs
+from ..ledger.provenance import Provenance
+from ..ledger.store import ENDED, history, ledger_path
+from ..ledger.versions import versions
+from ..options import from_flags, magic_flags
+from ..pool import WorkerPool, check_ranks, current_pool, set_current_pool
+from ..run import runs
+from ..wire.payload import describe_unpicklable
+from ..worker.cell_code import run_ddp_train_cell
+from ..worker.ddp_exec import PREDEFINED, RankResult
+from .cell_names import names_to_ship
 from .run_table import runs_html
-from .versions import versions
 
 # A magic reports a mistake in its options or cell as IPython's own UsageError, the one exception outside the
 # kit's FlairNbddpError family: IPython shows it as a single line only when `etype is UsageError`, not for a
@@ -55,6 +68,17 @@ def gpu_list(text: str | None, option: str = "--gpus") -> list[int] | None:
     except ValueError:
         kind = "GPU" if option == "--gpus" else "rank"
         raise UsageError(f"{option} {text!r} is not a list of {kind} numbers: write e.g. {option} 0,2") from None
+
+
+def run_option_flags(exec_cell: bool = False) -> Callable[[Callable], Callable]:
+    """A magic's flags for the run options (:func:`flair_nbddp.options.magic_flags`), in the options' order."""
+
+    def decorate(magic: Callable) -> Callable:
+        for flag in reversed(magic_flags(exec_cell)):
+            magic = argument(flag.name, **flag.keywords)(magic)
+        return magic
+
+    return decorate
 
 
 def cluster_option(text: str | None, namespace: dict) -> object:
@@ -178,7 +202,7 @@ def show_rank_results(results: list[RankResult]) -> None:
     else the first failed rank's :class:`~flair_nbddp.WorkerError`.
 
     Example:
-        >>> from flair_nbddp.interactive import RankResult
+        >>> from flair_nbddp.worker.ddp_exec import RankResult
         >>> show_rank_results([RankResult(0, True, 42), RankResult(1, True, None), RankResult(2, False)])
         [rank 0] Out: 42
     """
@@ -214,39 +238,8 @@ class DdpMagics(Magics):
 
     @no_var_expand
     @magic_arguments()
-    @argument("--processes", type=int, default=None, help="processes (default: every GPU, else 2 on CPU)")
-    @argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when GPUs are visible")
     @argument("--out", default=None, metavar="NAME", help="also store rank 0's value in this notebook variable")
-    @argument("--no-dashboard", action="store_true", help="print rank 0's log instead of the live dashboard")
-    @argument("--gpus", default=None, metavar="0,2", help="run on these GPUs only, one process each")
-    @argument("--timeout", type=float, default=None, metavar="S", help="end the run after S seconds")
-    @argument(
-        "--cluster", default=None, metavar="ADDRESS_OR_NAME",
-        help="run on a Dask cluster: its scheduler's address, or the name of a distributed.Client (or cluster "
-        "object) in the notebook; one rank per Dask worker",
-    )  # fmt: skip
-    @argument(
-        "--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT, metavar="S",
-        help=f"seconds a graceful stop may take before the workers are ended (default {DEFAULT_STOP_TIMEOUT:g})",
-    )  # fmt: skip
-    @argument(
-        "--hang-timeout", type=float, default=DEFAULT_HANG_TIMEOUT, metavar="S",
-        help=f"end the run after S seconds without progress on any rank, showing their stacks; 0: off "
-        f"(default {DEFAULT_HANG_TIMEOUT:g})",
-    )  # fmt: skip
-    @argument("--seed", type=int, default=None, help="the seed every rank gets (default: a random one)")
-    @argument(
-        "--output", choices=OUTPUT_MODES, default="rank0",
-        help="rank0: rank 0's output and every rank's warnings and stderr (default); all: every rank's output",
-    )  # fmt: skip
-    @argument(
-        "--no-distributed-eval", action="store_true",
-        help="every rank evaluates whole splits, as flair does (default: each rank its share)",
-    )  # fmt: skip
-    @argument(
-        "--no-lazy-corpus", action="store_true",
-        help="build every sentence of a shipped corpus before the cell runs (default: each when flair reads it)",
-    )  # fmt: skip
+    @run_option_flags()
     @cell_magic
     def ddp_train(self, line: str, cell: str):
         """Run the cell on every rank (flair's ``multi_gpu=True`` works in it); rank 0's last value is the output.
@@ -265,22 +258,10 @@ class DdpMagics(Magics):
         pool = current_pool()
         shipped = _ship(source, self.shell.user_ns, pool)
         try:
+            run_options = from_flags(options)
+            run_options["cluster"] = cluster_option(options.cluster, self.shell.user_ns)
             result = launch(
-                execute_cell,
-                args=(source, shipped),
-                processes=options.processes,
-                device=options.device,
-                gpus=gpu_list(options.gpus),
-                timeout=options.timeout,
-                stop_timeout=options.stop_timeout,
-                hang_timeout=options.hang_timeout or None,
-                seed=options.seed,
-                dashboard=False if options.no_dashboard else None,
-                pool=pool,
-                cluster=cluster_option(options.cluster, self.shell.user_ns),
-                distributed_eval=not options.no_distributed_eval,
-                lazy_corpus=not options.no_lazy_corpus,
-                output=options.output,
+                run_ddp_train_cell, args=(source, shipped), pool=pool, **run_options,
                 provenance=Provenance(
                     "%%ddp_train", name="%%ddp_train", source=cell, params={"variables": shipped},
                     options={"line": line.strip()},
@@ -300,17 +281,7 @@ class DdpMagics(Magics):
     @argument("--ranks", default=None, metavar="0,2", help="run the cell on these ranks only")
     @argument("--out", default=None, metavar="NAME", help="store every rank's value in this variable, as a list")
     @argument("--reset", action="store_true", help="empty every rank's namespace first (%%ddp_exec --reset: only that)")
-    @argument("--timeout", type=float, default=None, metavar="S", help="end the cell's run after S seconds")
-    @argument(
-        "--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT, metavar="S",
-        help=f"seconds an interrupted cell may take to return on every rank before the workers are ended "
-        f"(default {DEFAULT_STOP_TIMEOUT:g})",
-    )  # fmt: skip
-    @argument(
-        "--hang-timeout", type=float, default=DEFAULT_HANG_TIMEOUT, metavar="S",
-        help=f"end the workers after S seconds without progress on any rank, showing their stacks; 0: off "
-        f"(default {DEFAULT_HANG_TIMEOUT:g})",
-    )  # fmt: skip
+    @run_option_flags(exec_cell=True)
     @line_cell_magic
     def ddp_exec(self, line: str, cell: str | None = None):
         """Run the cell on every rank of the warm pool (started on first use), in a namespace each rank keeps.
@@ -346,8 +317,7 @@ class DdpMagics(Magics):
                   "would wait forever for the other ranks (interrupt to end it)", flush=True)  # fmt: skip
         try:
             results = pool.exec(
-                source, ranks, variables=shipped, reset=options.reset, timeout=options.timeout,
-                stop_timeout=options.stop_timeout, hang_timeout=options.hang_timeout or None,
+                source, ranks, variables=shipped, reset=options.reset, **from_flags(options, exec_cell=True),
                 provenance=Provenance("%%ddp_exec", name="%%ddp_exec", source=cell or "", params={"variables": shipped},
                                       options={"line": line.strip()}),
             )  # fmt: skip

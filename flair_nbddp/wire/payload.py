@@ -3,10 +3,10 @@
 Everything goes through cloudpickle, so functions and classes defined in a notebook cell (a
 file-less ``__main__``) travel by value. Two kinds of object take another path:
 
-* flair corpora, datasets and sentences go through :mod:`flair_nbddp.codec`, which is compact and
+* flair corpora, datasets and sentences go through :mod:`flair_nbddp.wire.codec`, which is compact and
   handles span labels (plain pickling of those fails in flair 0.15.1). Each rank checks the bytes it
   read against the parent's hash before decoding them, and keeps a job's corpora lazy
-  (:mod:`flair_nbddp.lazy_corpus`) when the job asks for it.
+  (:mod:`flair_nbddp.wire.lazy_corpus`) when the job asks for it.
 * flair models travel through flair's own ``save``/``load`` state (plain pickling fails for some
   embeddings); in a worker they land on its device, back in the notebook on CPU.
 
@@ -35,8 +35,34 @@ from typing import Any, Callable, NamedTuple
 
 import cloudpickle
 
+from ..errors import CorpusMismatchError, PayloadWriteError, PoolRefError, ShippingError
 from . import codec
-from .errors import CorpusMismatchError, PayloadWriteError, PoolRefError, ShippingError
+
+
+def sizes(obj: Any) -> dict[str, int]:
+    """A corpus's split sizes, or a dataset's length; empty for anything else.
+
+    Example:
+        >>> sizes([1, 2, 3]), sizes(3)
+        ({'len': 3}, {})
+    """
+    if all(hasattr(obj, split) for split in ("train", "dev", "test")):
+        return {split: length(getattr(obj, split)) for split in ("train", "dev", "test")}
+    size = length(obj)
+    return {} if size is None and not isinstance(obj, (str, bytes)) else {"len": size}
+
+
+def length(obj: Any) -> int | None:
+    """``len(obj)``; 0 for None, None for an object without a length.
+
+    Example:
+        >>> length([1, 2]), length(None), length(3)
+        (2, 0, None)
+    """
+    try:
+        return 0 if obj is None else len(obj)
+    except TypeError:
+        return None
 
 
 def is_flair_object(obj: object) -> bool:
@@ -360,7 +386,7 @@ def loads(data: bytes) -> Any:
 
 def read_payload(path: str | os.PathLike, lazy_corpus: bool = False) -> tuple[Callable, tuple, dict]:
     """Unpack what :func:`write_payload` wrote: ``(fn, args, kwargs)``; ``lazy_corpus``: flair corpora in it stay
-    compact until read (:func:`flair_nbddp.lazy_corpus.decode_lazy`)."""
+    compact until read (:func:`flair_nbddp.wire.lazy_corpus.decode_lazy`)."""
     return _load_file(path, _LAZY_CORPORA, lazy_corpus)
 
 

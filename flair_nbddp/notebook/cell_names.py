@@ -1,10 +1,6 @@
-"""Running a notebook cell's source on every rank, and finding the notebook names it needs.
-
-Used by the ``%%ddp_train`` magic; importable without IPython (workers never import it).
+"""The notebook names a cell's code needs: what ``%%ddp_train`` and ``%%ddp_exec`` ship to the ranks.
 
 Example:
-    >>> execute_cell("y = x * 2\\ny + 1", {"x": 20})
-    41
     >>> sorted(free_names("import math\\nz = math.pi * radius\\nprint(z)"))
     ['print', 'radius']
 """
@@ -16,22 +12,6 @@ import builtins
 import symtable
 from collections.abc import Collection, Iterator
 from typing import Any
-
-
-def execute_cell(source: str, namespace: dict[str, Any]) -> Any:
-    """Execute ``source`` in a copy of ``namespace``; return the value of its last expression (else None)."""
-    return run_source(source, {"__name__": "__main__", **namespace}, "<ddp_train cell>")
-
-
-def run_source(source: str, scope: dict[str, Any], filename: str) -> Any:
-    """Execute ``source`` in ``scope`` itself (its frames named ``filename``); return the value of its last
-    expression (else None)."""
-    module = ast.parse(source, filename=filename, mode="exec")
-    last = module.body.pop() if module.body and isinstance(module.body[-1], ast.Expr) else None
-    exec(compile(module, filename, "exec"), scope)
-    if last is None:
-        return None
-    return eval(compile(ast.Expression(last.value), filename, "eval"), scope)
 
 
 class _TopLevel(ast.NodeVisitor):

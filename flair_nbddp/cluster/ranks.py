@@ -1,7 +1,7 @@
 """A run's ranks on a Dask cluster, on the notebook's side: a rank group like the worker processes of one machine.
 
-A :class:`ClusterGroup` submits one :func:`~flair_nbddp.rank_host.host_rank` task per rank, pinned to the Dask
-worker its :class:`~flair_nbddp.cluster.Placement` chose, and relays everything through Dask, over the client's
+A :class:`ClusterGroup` submits one :func:`~flair_nbddp.cluster.rank_host.host_rank` task per rank, pinned to the Dask
+worker its :class:`~flair_nbddp.cluster.client.Placement` chose, and relays everything through Dask, over the client's
 own connection to the scheduler:
 
 - each rank's events arrive on a local socket pair (the supervisor reads ``connections`` as on one machine);
@@ -39,13 +39,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable
 
+from ..errors import ClusterError, describe_exit
+from ..local_ranks import RENDEZVOUS_TIMEOUT_SECONDS, TERMINATE_GRACE_SECONDS
+from ..rundir import RunDir
+from ..wire.events import Failed, Job, ResultReady, WorkerSpec
 from . import rank_host
-from .cluster import Placement, require_distributed, workers_of
-from .errors import ClusterError, describe_exit
-from .events import Failed, Job, ResultReady, WorkerSpec
-from .group import RENDEZVOUS_TIMEOUT_SECONDS, TERMINATE_GRACE_SECONDS
+from .client import Placement, require_distributed, workers_of
 from .rank_host import JOB, STACKS, TERMINATE, Batch
-from .rundir import RunDir
 
 LOST_AFTER_SECONDS = 20.0  # a rank's task silent this long (it says something every 2 s) is lost with its node
 CHECK_SECONDS = 1.0  # how often the cluster's membership is checked
@@ -312,7 +312,7 @@ class ClusterGroup:
     def close(self, grace: float = TERMINATE_GRACE_SECONDS) -> None:
         """Ask every rank to exit, end those that do not within ``grace`` seconds, and let the group's tasks,
         queues and channels go, even if an interrupt comes meanwhile."""
-        from .events import EXIT
+        from ..wire.events import EXIT
 
         try:
             if self._tasks:

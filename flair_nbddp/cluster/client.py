@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..devices import DEVICE_TYPES, DevicePlan, env_device, env_processes
+from ..errors import ClusterError, ConfigurationError, MissingDependencyError
 from . import rank_host
-from .devices import DEVICE_TYPES, DevicePlan, env_device, env_processes
-from .errors import ClusterError, ConfigurationError, MissingDependencyError
 from .rank_host import Site
 
 CONNECT_TIMEOUT_SECONDS = 10

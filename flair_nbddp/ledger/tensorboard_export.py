@@ -14,8 +14,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import MissingDependencyError
-from .ledger import RunRecord
+from ..errors import MissingDependencyError
+from .store import RunRecord
 
 
 def run_directory_name(record: RunRecord) -> str:

@@ -45,8 +45,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from ..errors import EvaluationShareError
 from . import random_streams
-from .errors import EvaluationShareError
 
 AGREEMENT_SECONDS = 30.0
 _POLL_SECONDS = 0.005  # a store check is one loopback round trip
@@ -82,7 +82,9 @@ _WORLD: _World | None = None
 def install(rank: int, world_size: int, control_group: Any, store: Any) -> None:
     """Wrap the ``evaluate`` of flair's models in this worker (once, after flair is imported)."""
     global _WORLD
-    from flair.models import TextRegressor  # flair.models: every built-in model class, for the notices
+    from flair.models import (
+        TextRegressor,  # flair.models: every built-in model class, for the notices
+    )
     from flair.nn import Classifier, Model
 
     _WORLD = _World(rank, world_size, control_group, store)

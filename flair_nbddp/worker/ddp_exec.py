@@ -1,6 +1,6 @@
 """Interactive ranks: a cell run on every rank of a warm pool, in a namespace each rank keeps between cells.
 
-What ``%%ddp_exec`` and :meth:`flair_nbddp.WorkerPool.exec` ship to the workers is :func:`exec_cell`. On each
+What ``%%ddp_exec`` and :meth:`flair_nbddp.WorkerPool.exec` ship to the workers is :func:`run_ddp_exec_cell`. On each
 rank it runs the cell (or calls a function) in that rank's namespace (``rank``, ``world_size`` and ``device``
 predefined, the process group up), catches whatever the cell raises, and hands rank 0 its outcome through the
 ranks' store, never through a collective: a rank that failed, or was not asked to run, still answers. Rank 0
@@ -24,10 +24,10 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import payload
-from .cell import run_source
-from .errors import WorkerError
-from .events import STOP_REQUESTED
+from ..errors import WorkerError
+from ..wire import payload
+from ..wire.events import STOP_REQUESTED
+from .cell_code import run_source
 
 PREDEFINED = ("rank", "world_size", "device")  # in every rank's namespace, set afresh for each cell
 FILENAME = "<ddp_exec cell>"
@@ -72,7 +72,7 @@ def training(active: bool) -> None:
 
 
 def begin_job(rank: int, world_size: int, device: Any, store: Any, key: str) -> None:
-    """In a worker, before each job: what :func:`exec_cell` needs to know of its rank and job."""
+    """In a worker, before each job: what :func:`run_ddp_exec_cell` needs to know of its rank and job."""
     _CONTEXT.update(rank=rank, world_size=world_size, device=device, store=store, key=key)
 
 
@@ -124,7 +124,7 @@ def _outcome(rank: int, work: Callable[[], Any]) -> RankOutcome:
         )  # fmt: skip
 
 
-def exec_cell(
+def run_ddp_exec_cell(
     code: str | Callable, variables: dict[str, Any], ranks: tuple[int, ...] | None, reset: bool
 ) -> list[RankOutcome] | None:
     """Run ``code`` (a cell's source, or a function called with no arguments, which sees its own globals) on this

@@ -32,8 +32,8 @@ from typing import Any, TypeVar
 
 import psutil
 
-from .errors import ConfigurationError, LedgerError
-from .state import MetricPoint
+from ..errors import ConfigurationError, LedgerError
+from ..state import MetricPoint
 
 HOME_ENV = "FLAIR_NBDDP_HOME"
 SWITCH_ENV = "FLAIR_NBDDP_LEDGER"

@@ -1,0 +1,258 @@
+"""The run options: one frozen :class:`RunOptions`, the only place an option is defined.
+
+:func:`flair_nbddp.launch`, :func:`flair_nbddp.start`, :meth:`flair_nbddp.WorkerPool.launch` and
+:meth:`~flair_nbddp.WorkerPool.exec` take them as keyword arguments (or whole, as ``options=``);
+:class:`flair_nbddp.TrainingPanel` passes them to every run it starts; ``%%ddp_train`` and ``%%ddp_exec`` make
+their flags from them (``--stop-timeout``, ``--no-lazy-corpus``...). Each field's documentation is used by all
+of them: the functions' docstrings and the magics' ``--help`` are written from it. Adding an option is a field
+here (and the code that uses it).
+
+Example:
+    >>> options = RunOptions.of({"processes": 2, "seed": 7})
+    >>> options.processes, options.seed, options.lazy_corpus
+    (2, 7, True)
+    >>> RunOptions.of({"proceses": 2})
+    Traceback (most recent call last):
+    ...
+    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import inspect
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigurationError, UnknownOptionError
+
+DEFAULT_STOP_TIMEOUT = 30.0
+DEFAULT_HANG_TIMEOUT = 300.0
+OUTPUT_MODES = ("rank0", "all")
+DEVICES = ("cpu", "cuda")
+_ROLE = re.compile(r":[a-z]+:`~?([\w.]+)`")
+
+
+def _option(default: Any, doc: str, *, flag: dict | None = None, exec_cell: bool = False) -> Any:
+    """A field of :class:`RunOptions`: its default, its documentation, and how a magic's flag spells it
+    (``flag``: argparse's keywords; absent for options no magic takes); ``exec_cell``: ``%%ddp_exec`` takes it."""
+    return field(default=default, metadata={"doc": doc, "flag": flag, "exec_cell": exec_cell})
+
+
+def _numbers(text: str) -> tuple[int, ...]:
+    """``"0,2"`` → ``(0, 2)``: the ``--gpus`` flag."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text} is not a list of GPU numbers: write e.g. --gpus 0,2") from None
+
+
+def _seconds_or_off(text: str) -> float | None:
+    """A magic's ``--hang-timeout``: seconds, 0 for off."""
+    return float(text) or None
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run runs: where (devices, a cluster), its limits, its seed, what the cell shows, what the workers do.
+
+    Every field has a default; give only what you change. ``RunOptions.of(kwargs)`` checks the names.
+
+    Example::
+
+        options = RunOptions(processes=2, seed=0, timeout=600)
+        launch(train, (corpus,), options=options)     # the same as launch(train, (corpus,), processes=2, ...)
+        launch(train, (corpus,), options=options, seed=1)   # keywords given beside options= win
+    """
+
+    processes: int | None = _option(
+        None, "number of processes; default every visible GPU, else 2 CPU processes (or ``$FLAIR_NBDDP_PROCESSES``).",
+        flag={"type": int, "metavar": "N"},
+    )  # fmt: skip
+    device: str | None = _option(
+        None, '``"cuda"`` (NCCL), ``"cpu"`` (gloo), or None for CUDA when GPUs are visible (or ``$FLAIR_NBDDP_DEVICE``).',
+        flag={"choices": DEVICES},
+    )  # fmt: skip
+    gpus: tuple[int, ...] | None = _option(
+        None, "run on these GPUs only, one process each, e.g. ``[0, 2]`` (numbered as torch numbers them in this "
+        "kernel); works after the kernel has initialised CUDA, unlike setting ``CUDA_VISIBLE_DEVICES``.",
+        flag={"metavar": "0,2", "type": _numbers},
+    )  # fmt: skip
+    cluster: Any = _option(
+        None, "run on a Dask cluster instead of this machine: a ``distributed.Client`` (``LocalCluster``, "
+        "dask-jobqueue's ``SLURMCluster``/``PBSCluster``, dask-kubernetes, a Gateway, Coiled) or a scheduler address "
+        "(in a magic: the address, or the name of a Client in the notebook). One rank per Dask worker with a GPU "
+        "(NCCL), else per CPU worker (gloo); ``processes`` picks how many (:mod:`flair_nbddp.cluster`).",
+        flag={"metavar": "ADDRESS_OR_NAME"},
+    )  # fmt: skip
+    timeout: float | None = _option(
+        None, "seconds after which the run is ended and :class:`~flair_nbddp.RunTimeoutError` raised.",
+        flag={"type": float, "metavar": "S"}, exec_cell=True,
+    )  # fmt: skip
+    stop_timeout: float = _option(
+        DEFAULT_STOP_TIMEOUT, "seconds a graceful stop (or an interrupted ``%%ddp_exec`` cell) may take before the "
+        "workers are ended.", flag={"type": float, "metavar": "S"}, exec_cell=True,
+    )  # fmt: skip
+    hang_timeout: float | None = _option(
+        DEFAULT_HANG_TIMEOUT, "seconds without progress on any rank (no training step, an unchanged call stack) after "
+        "which the run is ended with :class:`~flair_nbddp.RunHangError` showing every rank's stack; None (0 in a "
+        "magic): off. A rank that loops through different Python functions looks busy to it: ``timeout`` bounds those.",
+        flag={"type": _seconds_or_off, "metavar": "S"}, exec_cell=True,
+    )  # fmt: skip
+    seed: int | None = _option(
+        None, "the seed given to every rank (``flair.set_seed``); None: ``$FLAIR_NBDDP_SEED``, else a random one. Kept "
+        "in the result.", flag={"type": int},
+    )  # fmt: skip
+    dashboard: bool | None = _option(
+        None, "None shows the live widget dashboard in a notebook (plain progress lines elsewhere); True insists on "
+        "the widget; False shows nothing but the output lines.", flag={"name": "--no-dashboard", "const": False},
+    )  # fmt: skip
+    output: str = _option(
+        "rank0", '``"rank0"``: rank 0\'s output, and every other rank\'s stderr lines and warnings as they come, '
+        'prefixed ``[rank r]``; ``"all"``: every line of every rank, prefixed. Each rank\'s full output is in its '
+        "log either way (``RunResult.logs``).", flag={"choices": OUTPUT_MODES},
+    )  # fmt: skip
+    run_dir: str | Path | None = _option(
+        None, "the run's directory (logs, payload, result); default a new private one under ``$FLAIR_NBDDP_RUNS`` or "
+        "the temporary directory. On a pool too: each run has its own.", flag={"metavar": "PATH"},
+    )  # fmt: skip
+    distributed_eval: bool = _option(
+        True, "with several processes, each rank evaluates only its share of every split flair (or ``fn``) "
+        "evaluates, and every rank gets the result one process would (:mod:`flair_nbddp.worker.distributed_eval`); "
+        "False: every rank evaluates the whole split, as flair does.",
+        flag={"name": "--no-distributed-eval", "const": False},
+    )  # fmt: skip
+    lazy_corpus: bool = _option(
+        True, "a flair corpus (or dataset) among the arguments stays in its compact shipped form in each worker, and "
+        "each sentence is built when flair reads it (:mod:`flair_nbddp.wire.lazy_corpus`): worker memory and "
+        "start-up do not grow with the corpus. False: every sentence is built before ``fn`` starts.",
+        flag={"name": "--no-lazy-corpus", "const": False},
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.gpus is not None:
+            object.__setattr__(self, "gpus", tuple(self.gpus))
+        if self.output not in OUTPUT_MODES:
+            raise ConfigurationError(
+                f"output={self.output!r} is not a mode: 'rank0' (rank 0's output, and every rank's warnings and "
+                "stderr) or 'all' (every line of every rank)"
+            )
+
+    @classmethod
+    def of(cls, given: Mapping[str, Any], base: RunOptions | None = None, *, where: str = "") -> RunOptions:
+        """``base`` (default: every default) with the options in ``given`` changed.
+
+        Raises:
+            UnknownOptionError: a name in ``given`` is not a run option (the message suggests the closest;
+                ``where`` names what was called).
+        """
+        names = option_names()
+        for name in given:
+            if name not in names:
+                close = difflib.get_close_matches(name, names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise UnknownOptionError(
+                    f"{where}{name!r} is not a run option{hint}; the run options are: {', '.join(names)}"
+                )
+        return replace(base or cls(), **given)
+
+    def ledger_view(self) -> dict[str, Any]:
+        """The options the run ledger records with a run (where it ran is recorded apart, as its devices)."""
+        return {name: getattr(self, name) for name in option_names() if name not in _RECORDED_APART}
+
+
+_RECORDED_APART = ("processes", "device", "gpus", "cluster", "dashboard", "run_dir", "seed")  # as devices, dir, seed
+
+
+def option_names() -> tuple[str, ...]:
+    """Every run option, in :class:`RunOptions`' order."""
+    return tuple(spec.name for spec in fields(RunOptions))
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One run option as a magic's flag: ``argparse``'s ``add_argument(name, **keywords)``."""
+
+    option: str
+    name: str
+    keywords: dict
+
+
+def magic_flags(exec_cell: bool = False) -> list[Flag]:
+    """The flags of ``%%ddp_train`` (every option a magic can spell), or of ``%%ddp_exec``, made from the fields.
+
+    Example:
+        >>> [flag.name for flag in magic_flags(exec_cell=True)]
+        ['--timeout', '--stop-timeout', '--hang-timeout']
+    """
+    flags = []
+    for spec in fields(RunOptions):
+        flag = spec.metadata["flag"]
+        if flag is None or (exec_cell and not spec.metadata["exec_cell"]):
+            continue
+        keywords = {key: value for key, value in flag.items() if key != "name"}
+        default = "" if spec.default is None else f" (default {spec.default:g})" if isinstance(spec.default, float) else ""
+        keywords["help"] = _plain(spec.metadata["doc"]) + default
+        if "const" in flag:  # a switch that turns a default off
+            keywords.update(action="store_const", default=spec.default)
+        else:
+            keywords["default"] = spec.default
+        keywords["dest"] = spec.name
+        flags.append(Flag(spec.name, flag.get("name", "--" + spec.name.replace("_", "-")), keywords))
+    return flags
+
+
+def from_flags(parsed: Any, exec_cell: bool = False) -> dict[str, Any]:
+    """The run options a magic's parsed line gives (each flag's value under its option's name)."""
+    return {flag.option: getattr(parsed, flag.option) for flag in magic_flags(exec_cell)}
+
+
+def _plain(doc: str) -> str:
+    """A field's documentation as a flag's help: without reStructuredText markup.
+
+    Example:
+        >>> _plain("ends with :class:`~flair_nbddp.RunHangError` (``None``: off)")
+        'ends with RunHangError (None: off)'
+    """
+    return _ROLE.sub(lambda match: match.group(1).rsplit(".", 1)[-1], doc).replace("``", "")
+
+
+def documented(*exclude: str) -> Callable[[Callable], Callable]:
+    """Give a function that takes ``**run_options`` its full signature and the options' documentation.
+
+    The signature (``help()``, a notebook's Shift-Tab) lists each option as a keyword argument with its default;
+    ``{run_options}`` in the docstring becomes one ``name: doc`` entry per option (minus ``exclude``).
+    """
+
+    def decorate(fn: Callable) -> Callable:
+        signature = inspect.signature(fn)
+        kept = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        options = [
+            inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=spec.default, annotation=spec.type)
+            for spec in fields(RunOptions) if spec.name not in exclude
+        ]  # fmt: skip
+        fn.__signature__ = signature.replace(parameters=[*kept, *options])
+        indent = " " * 8
+        entries = "\n".join(
+            _wrapped(f"{spec.name}: {spec.metadata['doc']}", indent)
+            for spec in fields(RunOptions) if spec.name not in exclude
+        )  # fmt: skip
+        fn.__doc__ = (fn.__doc__ or "").replace("{run_options}", entries.strip())
+        return fn
+
+    return decorate
+
+
+def _wrapped(text: str, indent: str, width: int = 112) -> str:
+    lines, line = [], indent
+    for word in text.split():
+        if len(line) + len(word) + 1 > width and line.strip():
+            lines.append(line.rstrip())
+            line = indent + "    "
+        line += word + " "
+    lines.append(line.rstrip())
+    return "\n".join(lines)
