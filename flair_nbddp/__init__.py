@@ -80,6 +80,7 @@ __all__ = [
     "UnsupportedPlatformError",
     "WorkerError",
     "WorkerPool",
+    "__version__",
     "compare",
     "export_tensorboard",
     "history",
