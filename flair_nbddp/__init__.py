@@ -8,7 +8,7 @@ Example::
 
 from typing import Any
 
-from ._version import __version__
+from ._version import __version__ as __version__  # the explicit re-export form
 from .api import launch, launch_distributed, start
 from .errors import (
     ClusterError,
@@ -80,7 +80,6 @@ __all__ = [
     "UnsupportedPlatformError",
     "WorkerError",
     "WorkerPool",
-    "__version__",
     "compare",
     "export_tensorboard",
     "history",

@@ -147,6 +147,16 @@ class KernelSession:
                 break
         return result
 
+    def printed(self, msg_id: str, text: str, timeout: float = 60.0) -> ExecutionResult:
+        """Gather the request's messages until ``text`` is in its stdout (the cell may go on).
+
+        Raises:
+            AssertionError: the cell finished, or ``timeout`` passed, without printing it.
+        """
+        result = self.collect(msg_id, timeout, until=lambda: text in self._results[msg_id].stdout)
+        assert text in result.stdout, f"{text!r} never appeared; stdout:\n{result.stdout[-3000:]}"
+        return result
+
     def execute(self, code: str, timeout: float = 60.0) -> ExecutionResult:
         """Run ``code`` and wait until the kernel is idle again; see :class:`ExecutionResult`."""
         return self.collect(self.submit(code), timeout)

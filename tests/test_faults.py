@@ -92,32 +92,34 @@ def test_interrupt_stops_gracefully_and_returns_a_stopped_result(tmp_path, tiny_
     assert (tmp_path / "out" / "final-model.pt").exists()
 
 
-def test_second_interrupt_ends_the_workers_at_once(tmp_path, tiny_model_path):
+NAPPING_PROGRAM = """
+import flair_nbddp
+from training_jobs import nap
+flair_nbddp.launch(nap, args=(600,), dashboard=False, stop_timeout={stop_timeout})
+"""
+
+
+def test_second_interrupt_ends_the_workers_at_once():
     # a stop request the function never honours (it never reaches a batch boundary)
-    program = _program(
-        "import time, flair_nbddp\n"
-        "print('launching', flush=True)\n"
-        "flair_nbddp.launch(time.sleep, args=(600,), dashboard=False, stop_timeout=300)\n"
-    )
-    _read_until(program, "launching", 30)
-    wait_for(lambda: len(_workers_of(program)) == 2, 60, "workers")
+    program = _program(NAPPING_PROGRAM.format(stop_timeout=300))
+    _read_until(program, "napping", 60)  # every rank is in the function: the run has started
     workers = _workers_of(program)
-    time.sleep(8)  # let them finish importing
+    assert len(workers) == 2
     program.send_signal(signal.SIGINT)
-    time.sleep(0.5)
+    first = _read_until(program, "stopping after the current batch", 30)
     second = time.monotonic()
     program.send_signal(signal.SIGINT)
     out, _ = program.communicate(timeout=30)
     assert time.monotonic() - second < 5
-    assert "KeyboardInterrupt" in out
+    assert "interrupt again to end the workers now" in first and "KeyboardInterrupt" in out
     assert not any(worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE for worker in workers)
 
 
 def test_workers_exit_when_the_kernel_dies():
-    program = _program("import time, flair_nbddp\nflair_nbddp.launch(time.sleep, args=(600,), dashboard=False)\n")
-    wait_for(lambda: len(_workers_of(program)) == 2, 60, "workers")
+    program = _program(NAPPING_PROGRAM.format(stop_timeout=30))
+    _read_until(program, "napping", 60)
     workers = _workers_of(program)
-    time.sleep(3)
+    assert len(workers) == 2
     program.kill()
     program.wait()
     killed = time.monotonic()

@@ -135,11 +135,12 @@ def test_kernel_interrupt_stops_gracefully_and_the_kernel_can_run_again(kernel, 
 
 def test_second_interrupt_ends_the_workers_at_once(kernel):
     msg_id = kernel.submit(
-        "import time, flair_nbddp\nflair_nbddp.launch(time.sleep, args=(600,), dashboard=False, stop_timeout=300)"
+        "import flair_nbddp\nfrom training_jobs import nap\n"
+        "flair_nbddp.launch(nap, args=(600,), dashboard=False, stop_timeout=300)"
     )
-    time.sleep(10)  # the workers are up and sleeping
+    kernel.printed(msg_id, "napping")  # the workers are up and in the function
     kernel.interrupt()
-    time.sleep(1)
+    kernel.printed(msg_id, "interrupt again to end the workers now")
     second = time.monotonic()
     kernel.interrupt()
     result = kernel.collect(msg_id, timeout=30)
@@ -148,32 +149,24 @@ def test_second_interrupt_ends_the_workers_at_once(kernel):
     assert probe(kernel)[0] == 0
 
 
-SOAK_JOB = """
-def nap(seconds):
-    import time
-    time.sleep(seconds)
-    return seconds
-"""
-
-
 def test_soak_twenty_runs_with_random_interrupts_leak_nothing(kernel):
     import random
 
     rng = random.Random(20)
-    _ok(kernel.execute("import flair_nbddp\n" + SOAK_JOB))
+    _ok(kernel.execute("import flair_nbddp\nfrom training_jobs import nap"))
     # warm up: first use of everything a run touches, an interrupted run included, before the baseline
     _ok(kernel.execute("flair_nbddp.launch(nap, args=(0,), dashboard=False)", timeout=120))
     msg_id = kernel.submit("flair_nbddp.launch(nap, args=(5,), dashboard=False, stop_timeout=2)")
-    time.sleep(3)
+    kernel.printed(msg_id, "napping")
     kernel.interrupt()
     kernel.collect(msg_id, timeout=60)
     before = probe(kernel)
     statuses = []
     for run in range(20):
-        code = "r = flair_nbddp.launch(nap, args=(3,), dashboard=False, stop_timeout=2)\nprint('STATUS', r.status)"
+        code = "r = flair_nbddp.launch(nap, args=(1,), dashboard=False, stop_timeout=2)\nprint('STATUS', r.status)"
         msg_id = kernel.submit(code)
-        if run % 3 == 1:  # interrupt a third of them, at random moments (starting up, running)
-            time.sleep(rng.uniform(0.2, 5.0))
+        if run % 3 == 1:  # interrupt a third of them, at random moments (starting up, running: about 2 s, 1 s)
+            time.sleep(rng.uniform(0.2, 3.0))
             kernel.interrupt()
         result = kernel.collect(msg_id, timeout=120)
         statuses.append("interrupted" if result.error else result.stdout.split("STATUS")[-1].strip())

@@ -96,3 +96,12 @@ def read_and_change(corpus) -> dict:
     seen = first.get_label("sentiment").value
     first.set_label("sentiment", "CHANGED")
     return {"first": seen, "size": len(corpus.train), "text": str(first)}
+
+
+def nap(seconds: float) -> float:
+    """Say so on rank 0's output once every rank is in the function, then sleep: a run to interrupt or kill."""
+    import time
+
+    print("napping", flush=True)
+    time.sleep(seconds)
+    return seconds
