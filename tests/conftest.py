@@ -66,15 +66,33 @@ def lab_server(tmp_path_factory):
         yield server
 
 
+_WARM_POOLS = []  # the session's warm pool, once a test asked for it: its workers are nobody's leftovers
+
+
+@pytest.fixture(scope="session")
+def warm_pool():
+    """Two warm CPU workers for the process tests that are about what a run does, not about starting workers: a
+    cold launch costs each such test seconds (new interpreters importing torch and flair). A job that fails or is
+    stopped makes the pool start its next job on fresh workers, as it does for users."""
+    from flair_nbddp import WorkerPool
+
+    with WorkerPool(2, "cpu") as pool:
+        pool.warm_up()
+        _WARM_POOLS.append(pool)
+        yield pool
+        _WARM_POOLS.remove(pool)
+
+
 @pytest.fixture
 def no_leftover_processes():
     """Fails the test if it leaves a child process of this one running (one that was there before it started,
-    such as the test run's JupyterLab, is not the test's)."""
+    such as the test run's JupyterLab, or a worker of the session's warm pool, is not the test's)."""
     before = {child.pid for child in psutil.Process().children(recursive=True)}
     yield
+    pooled = {pid for pool in _WARM_POOLS for pid in pool.pids}
     children = [
         child for child in psutil.Process().children(recursive=True)
-        if child.pid not in before and child.status() != psutil.STATUS_ZOMBIE
+        if child.pid not in before | pooled and child.status() != psutil.STATUS_ZOMBIE
     ]  # fmt: skip
     assert not children, f"processes left running: {[c.cmdline() for c in children]}"
 

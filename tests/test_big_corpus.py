@@ -15,24 +15,18 @@ pytestmark = [pytest.mark.process, pytest.mark.usefixtures("no_leftover_processe
 COMPARED = ("dev/score", "dev/loss", "train/loss", "test/score")
 
 
-@pytest.fixture()
-def pool(tmp_path):
-    with WorkerPool(2, "cpu", run_dir=tmp_path / "pool") as pool:
-        yield pool
-
-
 def curves(result) -> dict[str, list]:
     return {name: result.history(name) for name in COMPARED if result.history(name)}
 
 
 @pytest.mark.parametrize("kind", ["train", "fine_tune", "tagger"])
-def test_a_lazy_corpus_trains_exactly_as_a_built_one(pool, tiny_model_path, tmp_path, kind):
+def test_a_lazy_corpus_trains_exactly_as_a_built_one(warm_pool, tiny_model_path, tmp_path, kind):
     if kind == "tagger":
         corpus = ner_corpus(n_train=96, n_dev=16, n_test=16, seed=4)
     else:
         corpus = sentiment_corpus(n_train=96, n_dev=16, n_test=16, seed=4)
     results = {
-        lazy: pool.launch(
+        lazy: warm_pool.launch(
             train_compared, (corpus, tiny_model_path, str(tmp_path / str(lazy)), kind), seed=11, dashboard=False,
             lazy_corpus=lazy,
         )  # fmt: skip

@@ -14,7 +14,6 @@ import eval_jobs
 import pytest
 import torch
 
-from flair_nbddp import launch
 from flair_nbddp.worker import distributed_eval
 
 KINDS = eval_jobs.KINDS
@@ -140,9 +139,9 @@ def test_one_process_evaluates_as_flair_does():
 
 # -- on 2 gloo ranks ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def shared_out(tiny_model_path, tmp_path_factory):
+def shared_out(warm_pool, tiny_model_path, tmp_path_factory):
     base = tmp_path_factory.mktemp("distributed-eval")
-    result = launch(eval_jobs.evaluate_everywhere, (KINDS, tiny_model_path, str(base)), processes=2, device="cpu",
+    result = warm_pool.launch(eval_jobs.evaluate_everywhere, (KINDS, tiny_model_path, str(base)), processes=2, device="cpu",
                     dashboard=False, seed=3)  # fmt: skip
     return result.value, base
 
@@ -194,8 +193,8 @@ def test_the_trainers_dev_and_test_evaluations_are_shared_out(shared_out, kind):
 
 
 @pytest.mark.process
-def test_without_distributed_eval_every_rank_evaluates_the_whole_split(tiny_model_path, tmp_path):
-    result = launch(eval_jobs.evaluate_everywhere, (("tagger",), tiny_model_path, str(tmp_path)), processes=2,
+def test_without_distributed_eval_every_rank_evaluates_the_whole_split(warm_pool, tiny_model_path, tmp_path):
+    result = warm_pool.launch(eval_jobs.evaluate_everywhere, (("tagger",), tiny_model_path, str(tmp_path)), processes=2,
                     device="cpu", dashboard=False, seed=3, distributed_eval=False)  # fmt: skip
     outcome = result.value["tagger"]
     assert outcome["computed_in_training"] == [0, 0] and outcome["computed_here"]["test"] == [0, 0]
@@ -206,8 +205,8 @@ def test_without_distributed_eval_every_rank_evaluates_the_whole_split(tiny_mode
 
 
 @pytest.mark.process
-def test_a_rank_evaluating_alone_evaluates_the_whole_split_without_waiting(tiny_model_path, tmp_path):
-    result = launch(eval_jobs.evaluate_on_rank_0_only, ("text", tiny_model_path, str(tmp_path)), processes=2,
+def test_a_rank_evaluating_alone_evaluates_the_whole_split_without_waiting(warm_pool, tiny_model_path, tmp_path):
+    result = warm_pool.launch(eval_jobs.evaluate_on_rank_0_only, ("text", tiny_model_path, str(tmp_path)), processes=2,
                     device="cpu", dashboard=False, seed=3)  # fmt: skip
     corpus, _, label_type = eval_jobs.build("text", tiny_model_path)
     reference_file = tmp_path / "reference.tsv"
@@ -219,8 +218,8 @@ def test_a_rank_evaluating_alone_evaluates_the_whole_split_without_waiting(tiny_
 
 
 @pytest.mark.process
-def test_a_model_with_its_own_evaluate_is_evaluated_whole_with_one_notice(tiny_model_path):
-    result = launch(eval_jobs.evaluate_a_pair_regressor_twice, (tiny_model_path,), processes=2, device="cpu",
+def test_a_model_with_its_own_evaluate_is_evaluated_whole_with_one_notice(warm_pool, tiny_model_path):
+    result = warm_pool.launch(eval_jobs.evaluate_a_pair_regressor_twice, (tiny_model_path,), processes=2, device="cpu",
                     dashboard=False, seed=3)  # fmt: skip
     assert len(result.value) == 2 and result.value[0] == result.value[1]
     notice = "flair_nbddp: TextPairRegressor.evaluate runs on the whole split on every rank"
@@ -228,8 +227,8 @@ def test_a_model_with_its_own_evaluate_is_evaluated_whole_with_one_notice(tiny_m
 
 
 @pytest.mark.process
-def test_a_model_whose_prediction_draws_random_numbers_is_evaluated_whole_with_one_notice(tiny_model_path):
-    result = launch(eval_jobs.evaluate_a_classifier_whose_prediction_draws, (tiny_model_path,), processes=2,
+def test_a_model_whose_prediction_draws_random_numbers_is_evaluated_whole_with_one_notice(warm_pool, tiny_model_path):
+    result = warm_pool.launch(eval_jobs.evaluate_a_classifier_whose_prediction_draws, (tiny_model_path,), processes=2,
                     device="cpu", dashboard=False, seed=3)  # fmt: skip
     value = result.value
     corpus, _, label_type = eval_jobs.build("text", tiny_model_path)

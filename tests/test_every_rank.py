@@ -154,11 +154,11 @@ def test_output_all_prints_every_rank_prefixed(capsys):
 
 
 @pytest.mark.process
-def test_final_step_and_sample_counts_are_exact(tmp_path, tiny_model_path):
+def test_final_step_and_sample_counts_are_exact(warm_pool, tmp_path, tiny_model_path):
     from training_jobs import train_sentiment
 
     # 24 documents, 4 per batch, 2 ranks: 3 batches of 4 on each rank, over in about a second
-    result = launch(train_sentiment, (tiny_model_path, str(tmp_path / "out")), {"epochs": 1, "docs": 24},
+    result = warm_pool.launch(train_sentiment, (tiny_model_path, str(tmp_path / "out")), {"epochs": 1, "docs": 24},
                     processes=2, device="cpu", dashboard=False)  # fmt: skip
     assert [(rank.step, rank.samples) for rank in result.ranks] == [(3, 12), (3, 12)]
     assert all(rank.host_memory_bytes > 100 * 2**20 and rank.gpu_utilization is None for rank in result.ranks)

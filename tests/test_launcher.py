@@ -154,8 +154,8 @@ def test_forgetting_multi_gpu_stops_before_training(tiny_model_path):
 
 
 def test_timeout_ends_every_worker():
-    with pytest.raises(RunTimeoutError, match="timeout=8"):
-        launch(time.sleep, args=(600,), timeout=8, dashboard=False)
+    with pytest.raises(RunTimeoutError, match="timeout=3"):
+        launch(time.sleep, args=(600,), timeout=3, dashboard=False)  # the workers are gone: no_leftover_processes
 
 
 def _world():
@@ -178,13 +178,13 @@ def test_two_launches_in_a_row_work_and_leave_no_port_bound():
     assert _gone(first) and _gone(second)
 
 
-def test_seed_comes_from_the_environment_when_not_given(monkeypatch):
+def test_seed_comes_from_the_environment_when_not_given(monkeypatch, warm_pool):
     monkeypatch.setenv("FLAIR_NBDDP_SEED", "11")
-    assert launch(_world, dashboard=False).seed == 11
-    assert launch(_world, dashboard=False, seed=3).seed == 3
+    assert launch(_world, pool=warm_pool, dashboard=False).seed == 11
+    assert launch(_world, pool=warm_pool, dashboard=False, seed=3).seed == 3
     monkeypatch.setenv("FLAIR_NBDDP_SEED", "eleven")
     with pytest.raises(ValueError, match="FLAIR_NBDDP_SEED='eleven' is not a whole number"):
-        launch(_world, dashboard=False)
+        launch(_world, pool=warm_pool, dashboard=False)
 
 
 def test_launch_distributed_is_a_drop_in_returning_rank_zero_value():
