@@ -9,8 +9,6 @@ PY          := $(VENV)/bin/python
 # install your torch into .venv first, or e.g. make demo TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH       ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
-# --no-compile: Python writes each module's bytecode when it is first imported, instead of pip compiling every file
-# of torch, transformers and the rest at install (a fresh .venv in 26 s instead of 56 s here)
 
 .PHONY: demo test test-fast venv
 
@@ -19,8 +17,8 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --no-compile $(TORCH)
-	$(PY) -m pip install -q --no-compile -e ".[test]"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
 demo: venv

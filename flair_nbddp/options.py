@@ -14,7 +14,7 @@ Example:
     >>> RunOptions.of({"proceses": 2})
     Traceback (most recent call last):
     ...
-    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus
+    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs
 """
 
 from __future__ import annotations
@@ -131,6 +131,12 @@ class RunOptions:
         "each sentence is built when flair reads it (:mod:`flair_nbddp.wire.lazy_corpus`): worker memory and "
         "start-up do not grow with the corpus. False: every sentence is built before ``fn`` starts.",
         flag={"name": "--no-lazy-corpus", "const": False},
+    )  # fmt: skip
+    fast_inputs: bool = _option(
+        True, "flair's transformer embeddings get each sentence's tokenizer output from what the worker kept the "
+        "first time it saw the sentence, instead of tokenizing it again in every batch of every epoch "
+        "(:mod:`flair_nbddp.worker.fast_inputs`): the same inputs, the tokenizer's work done once. False: flair's own "
+        "way.", flag={"name": "--no-fast-inputs", "const": False},
     )  # fmt: skip
 
     def __post_init__(self) -> None:

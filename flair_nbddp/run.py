@@ -222,8 +222,9 @@ class Run:
             self._recorder.begin(self, fn, args, kwargs, packed.digests)
             self._call = None
             job = Job(
-                str(self.dir.payload), str(self.dir.result), self.seed, str(self.run_dir), self.options.distributed_eval,
-                self.options.lazy_corpus,
+                str(self.dir.payload), str(self.dir.result), self.seed, str(self.run_dir),
+                distributed_eval=self.options.distributed_eval, lazy_corpus=self.options.lazy_corpus,
+                fast_inputs=self.options.fast_inputs,
             )
             self._acquiring = True  # from here on the ranks may hold the job, even if acquire() never returns
             self.group = self.source.acquire(job)  # all or nothing: a source that raises has cleaned up

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError
 
@@ -145,8 +145,11 @@ TRANSFORMER_SIZES = {
 }
 
 
-def tiny_transformer(path: str | Path, size: str = "tiny", seed: int = 0) -> str:
-    """Write a randomly initialised DistilBERT model and a word-level tokenizer to ``path``.
+TOKENIZER_KINDS = ("word", "wordpiece", "bpe")
+
+
+def tiny_transformer(path: str | Path, size: str = "tiny", seed: int = 0, tokenizer: str = "word") -> str:
+    """Write a randomly initialised transformer and its tokenizer, built offline, to ``path``.
 
     The directory loads like any Hugging Face model name, e.g.
     ``TransformerDocumentEmbeddings(tiny_transformer(tmp))``. Online, pass ``"distilbert-base-uncased"``
@@ -156,21 +159,66 @@ def tiny_transformer(path: str | Path, size: str = "tiny", seed: int = 0) -> str
         path: directory to create (reused if it already holds a model).
         size: ``"tiny"`` for tests and CPU demos, ``"distilbert"`` for DistilBERT's shape.
         seed: seed of the random weights.
+        tokenizer: ``"word"``: one token per word of the generators' vocabulary (DistilBERT); ``"wordpiece"``:
+            BERT's WordPiece over letters and a few whole words, so most words are several sub-tokens
+            (DistilBERT); ``"bpe"``: a byte-level BPE trained on generated text, as RoBERTa's (a RoBERTa model).
 
     Returns:
         ``str(path)``, ready to hand to flair's transformer embeddings.
+
+    Example:
+        >>> import tempfile
+        >>> from transformers import AutoTokenizer
+        >>> pieces = AutoTokenizer.from_pretrained(tiny_transformer(tempfile.mkdtemp(), tokenizer="wordpiece"))
+        >>> pieces.tokenize("film")
+        ['f', '##i', '##l', '##m']
     """
     import torch
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import DistilBertConfig, DistilBertModel, PreTrainedTokenizerFast
+    from transformers import (
+        DistilBertConfig,
+        DistilBertModel,
+        RobertaConfig,
+        RobertaModel,
+    )
 
     if size not in TRANSFORMER_SIZES:
         raise ConfigurationError(f"size={size!r} is not one of {sorted(TRANSFORMER_SIZES)}")
+    if tokenizer not in TOKENIZER_KINDS:
+        raise ConfigurationError(f"tokenizer={tokenizer!r} is not one of {list(TOKENIZER_KINDS)}")
     path = Path(path)
     if (path / "config.json").exists() and (path / "tokenizer.json").exists():
         return str(path)
+    fast = _bpe_tokenizer() if tokenizer == "bpe" else _bert_tokenizer(tokenizer)
+    torch.manual_seed(seed)
+    shape = TRANSFORMER_SIZES[size]
+    if tokenizer == "bpe":
+        model = RobertaModel(RobertaConfig(
+            vocab_size=len(fast), hidden_size=shape["dim"], intermediate_size=shape["hidden_dim"],
+            num_hidden_layers=shape["n_layers"], num_attention_heads=shape["n_heads"], max_position_embeddings=514,
+            pad_token_id=fast.pad_token_id, bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
+            type_vocab_size=1,
+        ))  # fmt: skip
+    else:
+        model = DistilBertModel(DistilBertConfig(vocab_size=len(fast), max_position_embeddings=512, **shape))
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    fast.save_pretrained(path)
+    return str(path)
+
+
+def _bert_tokenizer(kind: str) -> Any:
+    """A BERT-style tokenizer: whole words of the vocabulary, or WordPiece over letters and a few words."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
     words = vocabulary()
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    if kind == "word":
+        tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    else:
+        letters = [chr(code) for code in range(ord("a"), ord("z") + 1)] + [".", ","]
+        pieces = [*SPECIAL_TOKENS, *letters, *(f"##{letter}" for letter in letters), *words[len(SPECIAL_TOKENS)::3]]
+        words = list(dict.fromkeys(pieces))
+        tokenizer = Tokenizer(models.WordPiece({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.Lowercase()
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -178,18 +226,25 @@ def tiny_transformer(path: str | Path, size: str = "tiny", seed: int = 0) -> str
         pair="[CLS] $A [SEP] $B [SEP]",
         special_tokens=[("[CLS]", words.index("[CLS]")), ("[SEP]", words.index("[SEP]"))],
     )
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-        model_max_length=512,
-    )
-    torch.manual_seed(seed)
-    config = DistilBertConfig(vocab_size=len(words), max_position_embeddings=512, **TRANSFORMER_SIZES[size])
-    path.mkdir(parents=True, exist_ok=True)
-    DistilBertModel(config).save_pretrained(path)
-    fast.save_pretrained(path)
-    return str(path)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
+        mask_token="[MASK]", model_max_length=512,
+    )  # fmt: skip
+
+
+def _bpe_tokenizer() -> Any:
+    """A byte-level BPE tokenizer (RoBERTa's kind) trained on generated reviews and NER sentences."""
+    from tokenizers import ByteLevelBPETokenizer, processors
+    from transformers import PreTrainedTokenizerFast
+
+    rng = random.Random(0)
+    texts = [_review(rng, index % 2 == 0, 30) for index in range(200)]
+    texts += [" ".join(vocabulary()[len(SPECIAL_TOKENS):])] * 3
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    bpe = ByteLevelBPETokenizer(add_prefix_space=True)
+    bpe.train_from_iterator(texts, vocab_size=320, min_frequency=2, special_tokens=specials, show_progress=False)
+    bpe._tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), add_prefix_space=True)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+        mask_token="<mask>", cls_token="<s>", sep_token="</s>", model_max_length=512,
+    )  # fmt: skip

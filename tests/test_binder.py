@@ -14,8 +14,6 @@ Two honest differences from Binder:
   points at (``find-links``); everything else comes from PyPI, as on Binder.
 * Binder's base environment is stood in for by ``ipykernel`` (the kernel) and ``nbval``/``pytest`` (which drive
   the notebook instead of a browser); JupyterLab itself is not installed.
-* pip runs with ``--no-compile``: the same files are installed, and Python writes each module's bytecode when it is
-  first imported rather than pip compiling every file up front (half the install's time here).
 """
 
 from __future__ import annotations
@@ -138,9 +136,8 @@ def test_binder_environment_runs_the_quickstart(tmp_path):
     requirements.write_text(  # see the module docstring: the PyTorch CPU index is not reachable from here
         (BINDER / "requirements.txt").read_text().replace(UNREACHABLE_INDEX, "# (index dropped: unreachable here)")
     )
-    pip = [python, "-m", "pip", "install", "-q", "--no-compile"]
-    timings["requirements"] = _run([*pip, "-r", str(requirements)], repo, env, 1500)
-    timings["base stand-in"] = _run([*pip, *STAND_IN_FOR_BINDER_BASE], repo, env, 600)
+    timings["requirements"] = _run([python, "-m", "pip", "install", "-q", "-r", str(requirements)], repo, env, 1500)
+    timings["base stand-in"] = _run([python, "-m", "pip", "install", "-q", *STAND_IN_FOR_BINDER_BASE], repo, env, 600)
     timings["postBuild"] = _run(["binder/postBuild"], repo, env, 600)
     # the quickstart runs here only (tests/test_notebooks.py runs the others), with the suite's seed for its checks
     quickstart = repo / NOTEBOOK

@@ -105,3 +105,37 @@ def nap(seconds: float) -> float:
     print("napping", flush=True)
     time.sleep(seconds)
     return seconds
+
+
+def fine_tune_counting_tokenizations(corpus, model_path: str, base_path: str, kind: str) -> dict:
+    """Fine-tune for 3 epochs (a classifier on document embeddings, or a tagger on word embeddings, both
+    transformer) and count the sentences this rank's tokenizer encoded (the kit's kept inputs, when on)."""
+    from flair.embeddings import (
+        TransformerDocumentEmbeddings,
+        TransformerWordEmbeddings,
+    )
+    from flair.models import SequenceTagger, TextClassifier
+    from flair.trainers import ModelTrainer
+
+    from flair_nbddp.worker import fast_inputs
+
+    encoded = []
+    encode = fast_inputs.CachingTokenizer._encode
+
+    def counting(self, keys, words, *args):
+        encoded.extend(keys)
+        return encode(self, keys, words, *args)
+
+    fast_inputs.CachingTokenizer._encode = counting
+    try:
+        if kind == "tagger":
+            model = SequenceTagger(TransformerWordEmbeddings(model_path, subtoken_pooling="mean"),
+                                   corpus.make_label_dictionary("ner"), "ner", use_crf=False, use_rnn=False)  # fmt: skip
+        else:
+            model = TextClassifier(TransformerDocumentEmbeddings(model_path), label_type="sentiment",
+                                   label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False))  # fmt: skip
+        scores = ModelTrainer(model, corpus).fine_tune(base_path, max_epochs=3, mini_batch_size=8,
+                                                       learning_rate=5e-3, multi_gpu=True)  # fmt: skip
+    finally:
+        fast_inputs.CachingTokenizer._encode = encode
+    return {"test_score": scores["test_score"], "encoded": len(encoded), "distinct": len(set(encoded))}

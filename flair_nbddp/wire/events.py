@@ -51,7 +51,8 @@ class Job:
     """One run for a group of workers: its packed call, where rank 0 puts the result, the seed, the run
     directory each rank writes its output to (``rank<r>.log``) while the job runs, whether the ranks
     share out flair's evaluations (:mod:`flair_nbddp.worker.distributed_eval`), whether corpora stay compact until
-    read (:mod:`flair_nbddp.wire.lazy_corpus`), and the objects put on the pool that the workers may keep
+    read (:mod:`flair_nbddp.wire.lazy_corpus`), whether transformer inputs are built once per sentence
+    (:mod:`flair_nbddp.worker.fast_inputs`), and the objects put on the pool that the workers may keep
     (:meth:`flair_nbddp.WorkerPool.put`)."""
 
     payload: str
@@ -60,6 +61,7 @@ class Job:
     run_dir: str
     distributed_eval: bool = True
     lazy_corpus: bool = True
+    fast_inputs: bool = True
     shared: tuple[str, ...] = ()
     key: str = field(default_factory=lambda: uuid.uuid4().hex)  # names this job in the ranks' shared store
 

@@ -54,7 +54,7 @@ from ..wire.events import (
     Started,
     WorkerSpec,
 )
-from . import ddp_exec, distributed_eval
+from . import ddp_exec, distributed_eval, fast_inputs
 from .counters import TrainingCounters
 
 HEARTBEAT_SECONDS = 1.0
@@ -216,6 +216,7 @@ def _bend_flair(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
     flair_compat.instrument_trainer(sender, spec.rank, spec.world_size, vitals.counters, vitals.control_group)
     distributed_eval.install(spec.rank, spec.world_size, vitals.control_group, vitals.store)
     lazy_corpus.keep_stored_embeddings()
+    fast_inputs.install()
     vitals.flair_logger.remember()  # with the handlers flair's import configured (which dropped any other)
     _attach_warnings(vitals)
 
@@ -379,6 +380,7 @@ def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) ->
         _seed_everything(job.seed)
         ddp_exec.begin_job(rank, spec.world_size, vitals.device, vitals.store, job.key)
         distributed_eval.start_job(f"flair_nbddp/{job.key}", job.distributed_eval)
+        fast_inputs.start_job(job.fast_inputs)
         try:
             value = fn(*args, **kwargs)
         finally:

@@ -1,0 +1,203 @@
+"""Inputs built once: with fast inputs, flair's transformer embeddings get exactly the inputs flair builds, for
+every kind of model, pooling, tokenizer and sentence the kit serves, and the tokenizer sees each sentence once."""
+
+from __future__ import annotations
+
+import random
+
+import flair.training_utils
+import pytest
+import torch
+from flair.data import DataPair, Dictionary, Sentence
+from flair.embeddings import TransformerDocumentEmbeddings, TransformerWordEmbeddings
+from flair.embeddings.transformer import TransformerBaseEmbeddings
+from flair.models import SequenceTagger, TextClassifier, TextPairClassifier
+
+from flair_nbddp.synthetic import ner_corpus, sentiment_corpus, tiny_transformer
+from flair_nbddp.worker import fast_inputs
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    base = tmp_path_factory.mktemp("fast-inputs")
+    return {kind: tiny_transformer(base / kind, tokenizer=kind) for kind in ("word", "wordpiece", "bpe")}
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    """fast_inputs installed in this process for the test (flair's own method restored after it)."""
+    monkeypatch.setattr(TransformerBaseEmbeddings, fast_inputs._BUILD, getattr(TransformerBaseEmbeddings, fast_inputs._BUILD))
+    monkeypatch.setattr(fast_inputs, "_CACHES", {})
+    fast_inputs.install()
+    yield fast_inputs
+    fast_inputs.start_job(True)
+
+
+def _sentences(kind: str, count: int = 12, words: tuple[int, int] = (3, 30)) -> list:
+    if kind == "ner":
+        return list(ner_corpus(n_train=count, n_dev=1, n_test=1, seed=3).train)
+    return list(sentiment_corpus(n_train=count, n_dev=1, n_test=1, words=words, seed=3).train)
+
+
+def _prepared(embedding, batches, enabled: bool, seed: int = 5) -> list[dict]:
+    """flair's inputs for each batch, with fast inputs on or off (the same random draws either way)."""
+    fast_inputs.start_job(enabled)
+    random.seed(seed)
+    return [embedding.prepare_tensors(batch) for batch in batches]
+
+
+def _assert_same(theirs: list[dict], ours: list[dict]) -> None:
+    for flairs, kept in zip(theirs, ours, strict=True):
+        assert flairs.keys() == kept.keys()
+        for name, value in flairs.items():
+            assert value.dtype == kept[name].dtype and torch.equal(value, kept[name]), name
+
+
+EMBEDDINGS = {
+    "document, cls pooling": lambda model: TransformerDocumentEmbeddings(model, cls_pooling="cls"),
+    "document, mean pooling": lambda model: TransformerDocumentEmbeddings(model, cls_pooling="mean"),
+    "words, first sub-token": lambda model: TransformerWordEmbeddings(model, subtoken_pooling="first"),
+    "words, mean of sub-tokens": lambda model: TransformerWordEmbeddings(model, subtoken_pooling="mean"),
+    "words, first and last": lambda model: TransformerWordEmbeddings(model, subtoken_pooling="first_last"),
+    "long sentences, strided": lambda model: TransformerWordEmbeddings(
+        model, allow_long_sentences=True, transformers_tokenizer_kwargs={"model_max_length": 16}
+    ),
+    "context, with dropout": lambda model: TransformerWordEmbeddings(model, use_context=4, context_dropout=0.5),
+    "padded to the maximum": lambda model: TransformerDocumentEmbeddings(
+        model, force_max_length=True, transformers_tokenizer_kwargs={"model_max_length": 64}
+    ),
+}
+
+
+@pytest.mark.parametrize("tokenizer", ["word", "wordpiece", "bpe"])
+@pytest.mark.parametrize("made", EMBEDDINGS, ids=list(EMBEDDINGS))
+def test_the_inputs_are_flairs_own_bit_for_bit_and_each_sentence_is_tokenized_once(models, fast, made, tokenizer):
+    embedding = EMBEDDINGS[made](models[tokenizer])
+    embedding.train()  # context dropout draws: the same draws either way
+    sentences = _sentences("ner" if "words" in made or "context" in made else "text", words=(3, 40))
+    batches = [sentences[:5], sentences[5:9], sentences[9:], sentences[2:7]]  # the last: seen, in other batches
+    theirs = _prepared(embedding, batches, enabled=False)
+    calls = []
+    real = embedding.tokenizer
+    embedding.tokenizer = _Counting(real, calls)
+    try:
+        first = _prepared(embedding, batches, enabled=True)
+        again = _prepared(embedding, batches, enabled=True)
+    finally:
+        embedding.tokenizer = real
+    _assert_same(theirs, first)
+    _assert_same(theirs, again)
+    tokenized = [words for call in calls for words in call]
+    assert len(calls) <= len(batches) and len(tokenized) == len({tuple(words) for words in tokenized})
+    if "context" not in made:  # context dropout makes new variants of a sentence: each is tokenized once
+        assert len(tokenized) == len(sentences)
+
+
+class _Counting:
+    """The real tokenizer, recording the sentences each batch call tokenizes."""
+
+    def __init__(self, real, calls):
+        self._real, self._calls = real, calls
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def __len__(self):
+        return len(self._real)
+
+    def __call__(self, words, **kwargs):
+        self._calls.append([list(sentence) for sentence in words])
+        return self._real(words, **kwargs)
+
+
+def _losses(model, batches, enabled: bool) -> list[float]:
+    """Each batch's training loss, the embeddings computed afresh (flair's trainer drops them after each batch)."""
+    fast_inputs.start_job(enabled)
+    torch.manual_seed(0)
+    random.seed(0)
+    model.train()
+    losses = []
+    for batch in batches:
+        losses.append(model.forward_loss(batch)[0].item())
+        flair.training_utils.store_embeddings(batch, "none")  # by attribute: the kit may wrap it
+    return losses
+
+
+@pytest.mark.parametrize("kind", ["classifier", "tagger", "pair classifier"])
+def test_a_models_losses_are_the_same_with_inputs_built_once(models, fast, kind):
+    if kind == "tagger":
+        corpus = ner_corpus(n_train=12, n_dev=1, n_test=1, seed=3)
+        dictionary = corpus.make_label_dictionary("ner", add_unk=False)
+        model = SequenceTagger(TransformerWordEmbeddings(models["wordpiece"]), dictionary, "ner", use_crf=False)
+        points = list(corpus.train)
+    elif kind == "classifier":
+        corpus = sentiment_corpus(n_train=12, n_dev=1, n_test=1, seed=3)
+        dictionary = corpus.make_label_dictionary("sentiment", add_unk=False)
+        model = TextClassifier(TransformerDocumentEmbeddings(models["bpe"]), "sentiment", label_dictionary=dictionary)
+        points = list(corpus.train)
+    else:
+        sentences = _sentences("text", count=24)
+        points = []
+        for first, second in zip(sentences[::2], sentences[1::2]):
+            pair = DataPair(Sentence(first.to_tokenized_string()), Sentence(second.to_tokenized_string()))
+            same = first.get_label("sentiment").value == second.get_label("sentiment").value
+            pair.add_label("same", "yes" if same else "no")
+            points.append(pair)
+        dictionary = Dictionary(add_unk=False)
+        for value in ("yes", "no"):
+            dictionary.add_item(value)
+        model = TextPairClassifier(TransformerDocumentEmbeddings(models["wordpiece"]), "same", label_dictionary=dictionary)
+    batches = [points[:6], points[6:]]
+    assert _losses(model, batches, enabled=True) == _losses(model, batches, enabled=False)
+    assert fast_inputs.kept_sentences() >= len(points)
+
+
+def test_what_cannot_be_served_exactly_goes_flairs_way_with_one_notice(models, fast, capsys):
+    embedding = TransformerDocumentEmbeddings(models["word"])
+    embedding.__dict__["tokenizer_needs_ocr_boxes"] = True  # as LayoutLM's: boxes go with the words
+    assert fast_inputs.unservable(embedding) == "its tokenizer takes OCR boxes"
+    embedding.__dict__["tokenizer_needs_ocr_boxes"] = False
+    slow = type("SlowTokenizer", (), {"is_fast": False})()
+    real = embedding.tokenizer
+    embedding.__dict__["tokenizer"] = slow
+    try:
+        assert fast_inputs.unservable(embedding) == "its tokenizer (SlowTokenizer) has no fast implementation"
+    finally:
+        embedding.__dict__["tokenizer"] = real
+    assert fast_inputs.unservable(embedding) is None
+
+
+def test_kept_inputs_take_two_bytes_a_sub_token_for_a_document_embedding(models, fast):
+    embedding = TransformerDocumentEmbeddings(models["wordpiece"])
+    sentences = _sentences("text", count=40, words=(20, 60))
+    fast_inputs.start_job(True)
+    tensors = embedding.prepare_tensors(sentences)
+    sub_tokens = int(tensors["attention_mask"].sum())
+    assert fast_inputs.kept_bytes() == 2 * sub_tokens
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("kind", ["classifier", "tagger"])
+def test_training_with_inputs_built_once_is_bit_for_bit_flairs_and_tokenizes_each_sentence_once(
+    warm_pool, models, tmp_path, kind
+):
+    from training_jobs import fine_tune_counting_tokenizations
+
+    corpus = (ner_corpus if kind == "tagger" else sentiment_corpus)(n_train=48, n_dev=12, n_test=12, seed=4)
+    model = models["wordpiece" if kind == "tagger" else "bpe"]
+    def train(fast: bool, name: str):
+        return warm_pool.launch(fine_tune_counting_tokenizations, (corpus, model, str(tmp_path / name), kind),
+                                seed=11, dashboard=False, fast_inputs=fast)  # fmt: skip
+
+    results = {fast: train(fast, str(fast)) for fast in (True, False)}
+    again = train(True, "again")
+    curves = {fast: {name: result.history(name) for name in ("train/loss", "dev/loss", "dev/score")}
+              for fast, result in results.items()}  # fmt: skip
+    assert len(curves[True]["dev/score"]) == 3 and curves[True] == curves[False]  # every epoch, bit for bit
+    assert results[True].value["test_score"] == results[False].value["test_score"]
+    kept = results[True].value
+    # rank 0: the training sentences it was given and its shares of dev and test, each encoded once in 3 epochs
+    assert kept["encoded"] == kept["distinct"] and 0 < kept["encoded"] <= 48 + 12 + 12
+    assert results[False].value["encoded"] == 0
+    # the pool's next job with the same sentences and tokenizer encodes nothing: the workers kept the inputs
+    assert again.value["encoded"] == 0 and again.history("dev/score") == curves[True]["dev/score"]
