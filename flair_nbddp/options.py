@@ -14,7 +14,7 @@ Example:
     >>> RunOptions.of({"proceses": 2})
     Traceback (most recent call last):
     ...
-    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs
+    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs, precision
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigurationError, UnknownOptionError
+from .worker.precision import PRECISIONS
 
 DEFAULT_STOP_TIMEOUT = 30.0
 DEFAULT_HANG_TIMEOUT = 300.0
@@ -138,10 +139,21 @@ class RunOptions:
         "(:mod:`flair_nbddp.worker.fast_inputs`): the same inputs, the tokenizer's work done once. False: flair's own "
         "way.", flag={"name": "--no-fast-inputs", "const": False},
     )  # fmt: skip
+    precision: str = _option(
+        "fp32", '``"fp32"``: flair\'s default, unchanged; ``"bf16"``: the forward passes of training and evaluation under '
+        "bfloat16 autocast, no gradient scaler (GPUs with bfloat16, and CPU); ``\"fp16\"``: flair's own mixed "
+        "precision (``use_amp=True``). bf16 and fp16 give scores close to fp32's, not the same "
+        "(:mod:`flair_nbddp.worker.precision`).", flag={"choices": PRECISIONS},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.gpus is not None:
             object.__setattr__(self, "gpus", tuple(self.gpus))
+        if self.precision not in PRECISIONS:
+            raise ConfigurationError(
+                f"precision={self.precision!r} is not one of {', '.join(map(repr, PRECISIONS))}: fp32 is flair's "
+                "default, bf16 bfloat16 autocast, fp16 flair's use_amp"
+            )
         if self.output not in OUTPUT_MODES:
             raise ConfigurationError(
                 f"output={self.output!r} is not a mode: 'rank0' (rank 0's output, and every rank's warnings and "

@@ -224,7 +224,7 @@ class Run:
             job = Job(
                 str(self.dir.payload), str(self.dir.result), self.seed, str(self.run_dir),
                 distributed_eval=self.options.distributed_eval, lazy_corpus=self.options.lazy_corpus,
-                fast_inputs=self.options.fast_inputs,
+                fast_inputs=self.options.fast_inputs, precision=self.options.precision,
             )
             self._acquiring = True  # from here on the ranks may hold the job, even if acquire() never returns
             self.group = self.source.acquire(job)  # all or nothing: a source that raises has cleaned up

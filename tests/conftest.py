@@ -7,11 +7,14 @@ cluster or a kernel fails with the marker to add.
 ``make test-fast`` runs the fast tier (with the package's doctests), ``make test`` all of them.
 """
 
+import contextlib
 import os
+import shutil
 import signal
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -32,6 +35,7 @@ os.environ.setdefault("FLAIR_NBDDP_PROCESSES", "2")
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 SLOW_TIERS = ("process", "kernel", "browser", "cluster")
+BINDER_TEST = "tests/test_binder.py::test_binder_environment_runs_the_quickstart"
 TIER_ENV = "FLAIR_NBDDP_TEST_TIER"
 
 
@@ -66,6 +70,20 @@ def lab_server(tmp_path_factory):
         yield server
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
+def pytest_collection_modifyitems(config, items):
+    """The Binder test runs last, its environment built in the background meanwhile (tests/binder_build.py)."""
+    binder = [item for item in items if item.nodeid == BINDER_TEST]
+    if not binder or config.option.collectonly:
+        return
+    items[:] = [item for item in items if item.nodeid != BINDER_TEST] + binder
+    import binder_build
+
+    home = Path(tempfile.mkdtemp(prefix="flair_nbddp-binder-"))
+    config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
+    binder_build.start(home)
+
+
 _WARM_POOLS = []  # the session's warm pool, once a test asked for it: its workers are nobody's leftovers
 
 
@@ -86,15 +104,20 @@ def warm_pool():
 @pytest.fixture
 def no_leftover_processes():
     """Fails the test if it leaves a child process of this one running (one that was there before it started,
-    such as the test run's JupyterLab, or a worker of the session's warm pool, is not the test's)."""
+    such as the test run's JupyterLab; nor is a worker of the session's warm pool, or a step of the Binder build)."""
+    import binder_build
+
     before = {child.pid for child in psutil.Process().children(recursive=True)}
     yield
-    pooled = {pid for pool in _WARM_POOLS for pid in pool.pids}
-    children = [
-        child for child in psutil.Process().children(recursive=True)
-        if child.pid not in before | pooled and child.status() != psutil.STATUS_ZOMBIE
-    ]  # fmt: skip
-    assert not children, f"processes left running: {[c.cmdline() for c in children]}"
+    build = binder_build.current()
+    others = before | {pid for pool in _WARM_POOLS for pid in pool.pids} | (build.processes() if build else set())
+    left = {}
+    for child in psutil.Process().children(recursive=True):
+        if child.pid not in others:
+            with contextlib.suppress(psutil.NoSuchProcess):  # one may end while it is looked at
+                if child.status() != psutil.STATUS_ZOMBIE:
+                    left[child.pid] = child.cmdline()
+    assert not left, f"processes left running: {list(left.values())}"
 
 
 def python_program(source: str, timeout: float = 300) -> str:

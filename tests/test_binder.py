@@ -4,7 +4,8 @@ Binder (repo2docker) makes a Python 3.11 environment (``runtime.txt``) that alre
 and ipywidgets 8, runs ``pip install -r binder/requirements.txt`` in it, then ``binder/postBuild`` from the
 repository root, and starts the server through ``binder/start``. The slow test repeats that in a fresh virtual
 environment and runs ``notebooks/01_quickstart.ipynb`` there with nbval (a kernel of that environment), holding its
-memory to what a Binder session can count on; it is the quickstart's only run in the suite.
+memory to what a Binder session can count on; it is the quickstart's only run in the suite. The environment is
+built in the background while the other tests run (``tests/binder_build.py``), and this test runs last.
 
 Two honest differences from Binder:
 
@@ -20,14 +21,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import re
-import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
+import binder_build
 import pytest
+from binder_build import BINDER, UNREACHABLE_INDEX, runtime_version
 from notebook_runs import BINDER_MEMORY_BYTES, BINDER_NOTEBOOK, run_notebooks
 from packaging.requirements import Requirement
 
@@ -37,14 +36,7 @@ except ModuleNotFoundError:  # Python 3.10: read the installed kit's metadata in
     tomllib = None
 
 ROOT = Path(__file__).resolve().parent.parent
-BINDER = ROOT / "binder"
 NOTEBOOK = f"notebooks/{BINDER_NOTEBOOK}"
-UNREACHABLE_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
-STAND_IN_FOR_BINDER_BASE = ["ipykernel", "nbval", "pytest"]
-# what a Binder clone of the repository would not hold, or what this machine built
-NOT_IN_A_CLONE = shutil.ignore_patterns(
-    ".git", ".venv", ".whl", "__pycache__", "*.egg-info", ".pytest_cache", "build", "work", "artifacts"
-)
 
 
 def _project() -> dict:
@@ -54,12 +46,6 @@ def _project() -> dict:
     metadata = importlib.metadata.metadata("flair_nbddp")
     requires = importlib.metadata.requires("flair_nbddp") or []
     return {"requires-python": metadata["Requires-Python"], "dependencies": [r for r in requires if "extra ==" not in r]}
-
-
-def _runtime_version() -> tuple[int, int]:
-    match = re.fullmatch(r"python-(\d+)\.(\d+)", (BINDER / "runtime.txt").read_text().strip())
-    assert match, "binder/runtime.txt must read python-X.Y"
-    return int(match[1]), int(match[2])
 
 
 def _pins() -> dict[str, Requirement]:
@@ -78,7 +64,7 @@ def test_binder_files_exist_and_scripts_are_executable():
 
 
 def test_runtime_is_a_python_the_project_supports():
-    major, minor = _runtime_version()
+    major, minor = runtime_version()
     requires = _project()["requires-python"]
     assert Requirement(f"python{requires}").specifier.contains(f"{major}.{minor}"), (major, minor, requires)
 
@@ -97,63 +83,26 @@ def test_requirements_pin_every_dependency_of_the_project():
     assert UNREACHABLE_INDEX in (BINDER / "requirements.txt").read_text()
 
 
-def _binder_python() -> str:
-    """An interpreter of runtime.txt's version: this one, else ``pythonX.Y`` on PATH, else this one anyway."""
-    version = _runtime_version()
-    if sys.version_info[:2] == version:
-        return sys.executable
-    other = shutil.which("python{}.{}".format(*version))
-    if other is None:
-        print(f"no python{version[0]}.{version[1]} here: the Binder environment is built with {sys.version.split()[0]}")
-    return other or sys.executable
-
-
-def _run(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> float:
-    started = time.monotonic()
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    seconds = time.monotonic() - started
-    assert done.returncode == 0, f"{' '.join(command)} failed after {seconds:.0f} s:\n{(done.stdout + done.stderr)[-12000:]}"
-    return seconds
-
-
 @pytest.mark.kernel
 def test_binder_environment_runs_the_quickstart(tmp_path):
-    repo, venv = tmp_path / "repo", tmp_path / "venv"
-    shutil.copytree(ROOT, repo, ignore=NOT_IN_A_CLONE)
-    # as in a Binder image: nothing of this test's own environment, the kit's settings come from binder/start
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("FLAIR_NBDDP_", "HF_HUB_", "VIRTUAL_ENV", "PYTHONPATH", "PYTEST_"))
-    }
-    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", VIRTUAL_ENV=str(venv))
-    env["FLAIR_NBDDP_RUNS"] = str(tmp_path / "runs")  # keep the run directories with the test's files
-    python = str(venv / "bin" / "python")
-    timings = {}
-
-    timings["venv"] = _run([_binder_python(), "-m", "venv", str(venv)], tmp_path, env, 120)
-    requirements = tmp_path / "requirements.txt"
-    requirements.write_text(  # see the module docstring: the PyTorch CPU index is not reachable from here
-        (BINDER / "requirements.txt").read_text().replace(UNREACHABLE_INDEX, "# (index dropped: unreachable here)")
-    )
-    timings["requirements"] = _run([python, "-m", "pip", "install", "-q", "-r", str(requirements)], repo, env, 1500)
-    timings["base stand-in"] = _run([python, "-m", "pip", "install", "-q", *STAND_IN_FOR_BINDER_BASE], repo, env, 600)
-    timings["postBuild"] = _run(["binder/postBuild"], repo, env, 600)
+    # built in the background since the tests were collected (conftest.py), or here when it was not started
+    build = (binder_build.current() or binder_build.start(tmp_path)).wait()
     # the quickstart runs here only (tests/test_notebooks.py runs the others), with the suite's seed for its checks
-    quickstart = repo / NOTEBOOK
+    quickstart = build.repo / NOTEBOOK
     nbval = run_notebooks(
-        [quickstart], tmp_path / "notebook", {**env, "FLAIR_NBDDP_SEED": "0"}, python, (str(repo / "binder/start"),)
-    )
-    timings["notebook"] = nbval.seconds
+        [quickstart], tmp_path / "notebook", {**build.env, "FLAIR_NBDDP_SEED": "0"}, build.python,
+        (str(build.repo / "binder/start"),),
+    )  # fmt: skip
     nbval.check(quickstart)
     assert max(nbval.peaks) < BINDER_MEMORY_BYTES, (
         f"{quickstart.name} took {max(nbval.peaks) / 2**30:.2f} GiB (kernel + workers, PSS): more than a Binder "
         f"session can count on ({BINDER_MEMORY_BYTES / 2**30:.1f} GiB; see README, Notebooks and Binder)"
     )
     installed = subprocess.run(
-        [python, "-c", "import torch, flair_nbddp; print(torch.__version__, flair_nbddp.__file__)"],
-        cwd=tmp_path, capture_output=True, text=True, env=env, check=True,
+        [build.python, "-c", "import torch, flair_nbddp; print(torch.__version__, flair_nbddp.__file__)"],
+        cwd=tmp_path, capture_output=True, text=True, env=build.env, check=True,
     ).stdout.split()
     assert installed[0] == str(_pins()["torch"].specifier).removeprefix("=="), installed
-    assert Path(installed[1]).is_relative_to(repo), "postBuild did not install the kit from the repository"
+    assert Path(installed[1]).is_relative_to(build.repo), "postBuild did not install the kit from the repository"
+    timings = {**build.timings, "notebook": nbval.seconds}
     print("binder build and quickstart: " + ", ".join(f"{step} {seconds:.0f} s" for step, seconds in timings.items()))

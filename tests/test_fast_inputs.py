@@ -13,6 +13,7 @@ from flair.embeddings import TransformerDocumentEmbeddings, TransformerWordEmbed
 from flair.embeddings.transformer import TransformerBaseEmbeddings
 from flair.models import SequenceTagger, TextClassifier, TextPairClassifier
 
+import flair_nbddp
 from flair_nbddp.synthetic import ner_corpus, sentiment_corpus, tiny_transformer
 from flair_nbddp.worker import fast_inputs
 
@@ -201,3 +202,25 @@ def test_training_with_inputs_built_once_is_bit_for_bit_flairs_and_tokenizes_eac
     assert results[False].value["encoded"] == 0
     # the pool's next job with the same sentences and tokenizer encodes nothing: the workers kept the inputs
     assert again.value["encoded"] == 0 and again.history("dev/score") == curves[True]["dev/score"]
+
+
+@pytest.mark.process
+def test_each_precision_runs_the_forward_passes_it_names_and_fp32_is_flairs(warm_pool, tiny_model_path, tmp_path):
+    from training_jobs import fine_tune_noting_dtypes
+
+    corpus = sentiment_corpus(n_train=48, n_dev=12, n_test=12, seed=4)
+    results = {
+        precision: warm_pool.launch(fine_tune_noting_dtypes, (corpus, tiny_model_path, str(tmp_path / precision)),
+                                    seed=11, dashboard=False, precision=precision)  # fmt: skip
+        for precision in ("fp32", "bf16", "fp16")
+    }
+    seen = {precision: result.value["seen"] for precision, result in results.items()}
+    assert seen["fp32"] == {"train": ["off"], "eval": ["off"]}
+    assert seen["bf16"] == {"train": ["torch.bfloat16"], "eval": ["torch.bfloat16"]}
+    # flair's use_amp: autocast in training only, in torch's type for the device (bfloat16 on CPU)
+    assert seen["fp16"] == {"train": ["torch.bfloat16"], "eval": ["off"]}
+    assert all(result.value["weights"] == ["torch.float32"] for result in results.values())  # the weights stay fp32
+    fp32, bf16 = (results[name].history("train/loss") for name in ("fp32", "bf16"))
+    assert fp32 != bf16 and all(abs(b - a) < 0.1 * a for (_, a), (_, b) in zip(fp32, bf16))  # close, not the same
+    record = flair_nbddp.history(limit=1)[0]
+    assert record.options["precision"] == "fp16"  # the ledger keeps each run's precision

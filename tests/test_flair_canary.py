@@ -1,6 +1,7 @@
 """The flair canary: every flair name the kit patches, wraps, calls, subclasses or reads is where the kit expects it.
 
-The kit bends flair 0.15.x in its workers (``flair_compat.py``, ``distributed_eval.py``, ``lazy_corpus.py``) and
+The kit bends flair 0.15.x in its workers (``flair_compat.py``, ``distributed_eval.py``, ``lazy_corpus.py``,
+``fast_inputs.py``, ``precision.py``) and
 reads its data structures attribute by attribute (``codec.py``). A flair release that moves or renames one of
 these fails here in seconds, naming it, instead of deep inside a multi-process test. Fast tier: nothing starts.
 """
@@ -31,11 +32,19 @@ ATTRIBUTES = [
     "flair.data.Sentence.to_tokenized_string", "flair.data.Sentence.to_original_text", "flair.data.Sentence.get_spans",
     "flair.data.DataPoint.add_label", "flair.data.DataPoint.remove_labels", "flair.data.DataPoint.get_labels",
     "flair.data.Span.unlabeled_identifier", "flair.data.Relation.unlabeled_identifier",
+    # fast_inputs: the private method that calls the tokenizer, and what decides whether the kit can serve it
+    "flair.embeddings.transformer.TransformerBaseEmbeddings._TransformerBaseEmbeddings__build_transformer_model_inputs",
+    "flair.embeddings.transformer.TransformerBaseEmbeddings.prepare_tensors",
+    # precision: what flair's use_amp path creates, and the autocast type the kit sets for it
+    "torch.cuda.amp.GradScaler", "torch.set_autocast_dtype", "torch.get_autocast_dtype",
 ]  # fmt: skip
 
 # functions the kit calls or wraps, with the parameters it binds or passes by name
 PARAMETERS = {
-    "flair.trainers.ModelTrainer.train_custom": ("base_path", "max_epochs", "multi_gpu", "plugins", "save_final_model"),
+    "flair.trainers.ModelTrainer.train_custom": ("base_path", "max_epochs", "multi_gpu", "plugins", "save_final_model",
+                                                 "use_amp"),
+    "flair.embeddings.transformer.TransformerBaseEmbeddings._TransformerBaseEmbeddings__build_transformer_model_inputs": (
+        "sentences", "offsets", "sentence_lengths", "flair_tokens", "device"),
     "flair.trainers.ModelTrainer.train": ("multi_gpu", "plugins", "embeddings_storage_mode"),
     "flair.trainers.ModelTrainer.fine_tune": ("max_epochs", "mini_batch_size", "mini_batch_chunk_size", "learning_rate",
                                               "multi_gpu", "plugins"),

@@ -163,10 +163,10 @@ def test_soak_twenty_runs_with_random_interrupts_leak_nothing(kernel):
     before = probe(kernel)
     statuses = []
     for run in range(20):
-        code = "r = flair_nbddp.launch(nap, args=(1,), dashboard=False, stop_timeout=2)\nprint('STATUS', r.status)"
+        code = "r = flair_nbddp.launch(nap, args=(0.5,), dashboard=False, stop_timeout=2)\nprint('STATUS', r.status)"
         msg_id = kernel.submit(code)
-        if run % 3 == 1:  # interrupt a third of them, at random moments (starting up, running: about 2 s, 1 s)
-            time.sleep(rng.uniform(0.2, 3.0))
+        if run % 3 == 1:  # interrupt a third of them, at random moments (starting up, running: about 2 s, 0.5 s)
+            time.sleep(rng.uniform(0.2, 2.5))
             kernel.interrupt()
         result = kernel.collect(msg_id, timeout=120)
         statuses.append("interrupted" if result.error else result.stdout.split("STATUS")[-1].strip())

@@ -139,3 +139,28 @@ def fine_tune_counting_tokenizations(corpus, model_path: str, base_path: str, ki
     finally:
         fast_inputs.CachingTokenizer._encode = encode
     return {"test_score": scores["test_score"], "encoded": len(encoded), "distinct": len(set(encoded))}
+
+
+def fine_tune_noting_dtypes(corpus, model_path: str, base_path: str) -> dict:
+    """Fine-tune a classifier for 2 epochs; report the autocast type the transformer ran under in training and in
+    evaluation ("off" without autocast), the weights' types and the test score."""
+    from flair.embeddings import TransformerDocumentEmbeddings
+    from flair.models import TextClassifier
+    from flair.trainers import ModelTrainer
+
+    model = TextClassifier(TransformerDocumentEmbeddings(model_path), label_type="sentiment",
+                           label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False))  # fmt: skip
+    seen = {"train": set(), "eval": set()}
+    import flair
+    import torch
+
+    def note(module, inputs, output):
+        device = flair.device.type
+        autocast = str(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else "off"
+        seen["train" if module.training else "eval"].add(autocast)
+
+    model.embeddings.model.register_forward_hook(note)
+    scores = ModelTrainer(model, corpus).fine_tune(base_path, max_epochs=2, mini_batch_size=8, learning_rate=5e-3,
+                                                   multi_gpu=True)  # fmt: skip
+    weights = {str(parameter.dtype) for parameter in model.parameters()}
+    return {"test_score": scores["test_score"], "seen": {k: sorted(v) for k, v in seen.items()}, "weights": sorted(weights)}

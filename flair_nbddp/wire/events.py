@@ -52,7 +52,8 @@ class Job:
     directory each rank writes its output to (``rank<r>.log``) while the job runs, whether the ranks
     share out flair's evaluations (:mod:`flair_nbddp.worker.distributed_eval`), whether corpora stay compact until
     read (:mod:`flair_nbddp.wire.lazy_corpus`), whether transformer inputs are built once per sentence
-    (:mod:`flair_nbddp.worker.fast_inputs`), and the objects put on the pool that the workers may keep
+    (:mod:`flair_nbddp.worker.fast_inputs`), the arithmetic of training (:mod:`flair_nbddp.worker.precision`), and
+    the objects put on the pool that the workers may keep
     (:meth:`flair_nbddp.WorkerPool.put`)."""
 
     payload: str
@@ -62,6 +63,7 @@ class Job:
     distributed_eval: bool = True
     lazy_corpus: bool = True
     fast_inputs: bool = True
+    precision: str = "fp32"
     shared: tuple[str, ...] = ()
     key: str = field(default_factory=lambda: uuid.uuid4().hex)  # names this job in the ranks' shared store
 

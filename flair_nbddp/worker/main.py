@@ -54,7 +54,7 @@ from ..wire.events import (
     Started,
     WorkerSpec,
 )
-from . import ddp_exec, distributed_eval, fast_inputs
+from . import ddp_exec, distributed_eval, fast_inputs, precision
 from .counters import TrainingCounters
 
 HEARTBEAT_SECONDS = 1.0
@@ -217,6 +217,7 @@ def _bend_flair(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
     distributed_eval.install(spec.rank, spec.world_size, vitals.control_group, vitals.store)
     lazy_corpus.keep_stored_embeddings()
     fast_inputs.install()
+    precision.install()
     vitals.flair_logger.remember()  # with the handlers flair's import configured (which dropped any other)
     _attach_warnings(vitals)
 
@@ -381,6 +382,7 @@ def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) ->
         ddp_exec.begin_job(rank, spec.world_size, vitals.device, vitals.store, job.key)
         distributed_eval.start_job(f"flair_nbddp/{job.key}", job.distributed_eval)
         fast_inputs.start_job(job.fast_inputs)
+        precision.start_job(job.precision)
         try:
             value = fn(*args, **kwargs)
         finally:

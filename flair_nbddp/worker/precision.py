@@ -1,0 +1,92 @@
+"""The arithmetic a job's training runs in: ``precision="fp32" | "bf16" | "fp16"``.
+
+* ``fp32``: flair's default, untouched (what a seeded run compares bit for bit with flair's own launcher).
+* ``fp16``: flair's own mixed precision, as ``use_amp=True`` gives it: the training forward passes under
+  ``torch.autocast`` (float16 on GPUs, with flair's gradient scaler; torch's CPU autocast type, bfloat16, on CPU).
+* ``bf16``: the forward passes of training and of every evaluation under bfloat16 autocast, on GPUs and on CPU,
+  without a gradient scaler (bfloat16 has float32's range). The weights and the optimizer stay float32.
+
+A job's precision applies to every ``train``/``fine_tune`` it makes; a call's own ``use_amp=True`` asks for fp16.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+_JOB = {"precision": "fp32"}
+
+
+def start_job(precision: str) -> None:
+    """A job begins in ``precision``."""
+    _JOB["precision"] = precision
+
+
+def install() -> None:
+    """Wrap flair's ``train_custom`` (which ``train`` and ``fine_tune`` call) and every model's ``evaluate``
+    (once per worker, after flair is imported)."""
+    from flair.nn import Model
+    from flair.trainers import ModelTrainer
+
+    if getattr(ModelTrainer.train_custom, "_flair_nbddp_precision", False):
+        return
+    original: Callable = ModelTrainer.train_custom
+
+    @functools.wraps(original)
+    def train_custom(self: Any, *args: Any, use_amp: bool = False, **kwargs: Any) -> Any:
+        precision = _JOB["precision"]
+        if precision == "fp32":
+            return original(self, *args, use_amp=use_amp, **kwargs)
+        with _bf16_amp() if precision == "bf16" else contextlib.nullcontext():
+            return original(self, *args, use_amp=True, **kwargs)
+
+    train_custom._flair_nbddp_precision = True
+    ModelTrainer.train_custom = train_custom
+    for cls in {Model, *_subclasses(Model)}:
+        if "evaluate" in cls.__dict__:
+            cls.evaluate = _evaluated_in_bf16(cls.__dict__["evaluate"])
+
+
+def _subclasses(cls: type) -> set[type]:
+    found = set(cls.__subclasses__())
+    for sub in list(found):
+        found |= _subclasses(sub)
+    return found
+
+
+def _evaluated_in_bf16(evaluate: Callable) -> Callable:
+    @functools.wraps(evaluate)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _JOB["precision"] != "bf16":
+            return evaluate(self, *args, **kwargs)
+        import flair
+        import torch
+
+        with torch.autocast(device_type=flair.device.type, dtype=torch.bfloat16):
+            return evaluate(self, *args, **kwargs)
+
+    return wrapped
+
+
+@contextlib.contextmanager
+def _bf16_amp() -> Iterator[None]:
+    """flair's ``use_amp`` path, made bfloat16: its autocast's type set to bfloat16, its gradient scaler off."""
+    import flair
+    import torch
+
+    device = flair.device.type
+    before, scaler = torch.get_autocast_dtype(device), torch.cuda.amp.GradScaler
+    torch.set_autocast_dtype(device, torch.bfloat16)
+    torch.cuda.amp.GradScaler = functools.partial(_no_scaler, scaler)
+    try:
+        yield
+    finally:
+        torch.set_autocast_dtype(device, before)
+        torch.cuda.amp.GradScaler = scaler
+
+
+def _no_scaler(scaler: type, *args: Any, enabled: bool = True, **kwargs: Any) -> Any:
+    return scaler(*args, enabled=False, **kwargs)
