@@ -224,3 +224,10 @@ def test_each_precision_runs_the_forward_passes_it_names_and_fp32_is_flairs(warm
     assert fp32 != bf16 and all(abs(b - a) < 0.1 * a for (_, a), (_, b) in zip(fp32, bf16))  # close, not the same
     record = flair_nbddp.history(limit=1)[0]
     assert record.options["precision"] == "fp16"  # the ledger keeps each run's precision
+
+
+def test_a_sentence_is_known_by_its_words_and_the_settings_even_when_a_word_holds_the_separator():
+    key, settings = fast_inputs._key, b"(16, True, True, False)"
+    assert key(["a", "b"], settings) == key(["a", "b"], settings)
+    assert key(["a", "b"], settings) != key(["a", "b"], b"(0, False, True, False)")
+    assert len({key(["a\x00b"], settings), key(["a", "b"], settings), key(["3:a", "b"], settings)}) == 3
