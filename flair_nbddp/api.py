@@ -45,7 +45,9 @@ def start(
         run.stop()
         run.wait().status  # 'stopped'
     """
-    options = RunOptions.of(run_options, options, where="start(): ")
+    options = RunOptions.of(
+        run_options, options, where="start(): ", not_here={"dashboard": "start() shows nothing; launch() shows the run"}
+    )
     source = source_for(options, pool)
     return Run(fn, args, kwargs or {}, source, options, provenance=provenance or Provenance("start")).start()
 

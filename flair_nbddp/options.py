@@ -38,10 +38,10 @@ DEVICES = ("cpu", "cuda")
 _ROLE = re.compile(r":[a-z]+:`~?([\w.]+)`")
 
 
-def _option(default: Any, doc: str, *, flag: dict | None = None, exec_cell: bool = False) -> Any:
+def _option(default: Any, doc: str, *, flag: dict | None = None, ddp_exec: bool = False) -> Any:
     """A field of :class:`RunOptions`: its default, its documentation, and how a magic's flag spells it
-    (``flag``: argparse's keywords; absent for options no magic takes); ``exec_cell``: ``%%ddp_exec`` takes it."""
-    return field(default=default, metadata={"doc": doc, "flag": flag, "exec_cell": exec_cell})
+    (``flag``: argparse's keywords; absent for options no magic takes); ``ddp_exec``: ``%%ddp_exec`` takes it."""
+    return field(default=default, metadata={"doc": doc, "flag": flag, "ddp_exec": ddp_exec})
 
 
 def _numbers(text: str) -> tuple[int, ...]:
@@ -92,17 +92,17 @@ class RunOptions:
     )  # fmt: skip
     timeout: float | None = _option(
         None, "seconds after which the run is ended and :class:`~flair_nbddp.RunTimeoutError` raised.",
-        flag={"type": float, "metavar": "S"}, exec_cell=True,
+        flag={"type": float, "metavar": "S"}, ddp_exec=True,
     )  # fmt: skip
     stop_timeout: float = _option(
         DEFAULT_STOP_TIMEOUT, "seconds a graceful stop (or an interrupted ``%%ddp_exec`` cell) may take before the "
-        "workers are ended.", flag={"type": float, "metavar": "S"}, exec_cell=True,
+        "workers are ended.", flag={"type": float, "metavar": "S"}, ddp_exec=True,
     )  # fmt: skip
     hang_timeout: float | None = _option(
         DEFAULT_HANG_TIMEOUT, "seconds without progress on any rank (no training step, an unchanged call stack) after "
         "which the run is ended with :class:`~flair_nbddp.RunHangError` showing every rank's stack; None (0 in a "
         "magic): off. A rank that loops through different Python functions looks busy to it: ``timeout`` bounds those.",
-        flag={"type": _seconds_or_off, "metavar": "S"}, exec_cell=True,
+        flag={"type": _seconds_or_off, "metavar": "S"}, ddp_exec=True,
     )  # fmt: skip
     seed: int | None = _option(
         None, "the seed given to every rank (``flair.set_seed``); None: ``$FLAIR_NBDDP_SEED``, else a random one. Kept "
@@ -161,14 +161,21 @@ class RunOptions:
             )
 
     @classmethod
-    def of(cls, given: Mapping[str, Any], base: RunOptions | None = None, *, where: str = "") -> RunOptions:
+    def of(
+        cls, given: Mapping[str, Any], base: RunOptions | None = None, *, where: str = "",
+        not_here: Mapping[str, str] | None = None,
+    ) -> RunOptions:  # fmt: skip
         """``base`` (default: every default) with the options in ``given`` changed.
 
         Raises:
             UnknownOptionError: a name in ``given`` is not a run option (the message suggests the closest;
-                ``where`` names what was called).
+                ``where`` names what was called), or one of ``not_here`` (an option this caller decides itself,
+                with the reason).
         """
         names = option_names()
+        for name, reason in (not_here or {}).items():
+            if name in given:
+                raise UnknownOptionError(f"{where}{name}= is not taken here: {reason}")
         for name in given:
             if name not in names:
                 close = difflib.get_close_matches(name, names, n=1)
@@ -200,17 +207,17 @@ class Flag:
     keywords: dict
 
 
-def magic_flags(exec_cell: bool = False) -> list[Flag]:
+def magic_flags(ddp_exec: bool = False) -> list[Flag]:
     """The flags of ``%%ddp_train`` (every option a magic can spell), or of ``%%ddp_exec``, made from the fields.
 
     Example:
-        >>> [flag.name for flag in magic_flags(exec_cell=True)]
+        >>> [flag.name for flag in magic_flags(ddp_exec=True)]
         ['--timeout', '--stop-timeout', '--hang-timeout']
     """
     flags = []
     for spec in fields(RunOptions):
         flag = spec.metadata["flag"]
-        if flag is None or (exec_cell and not spec.metadata["exec_cell"]):
+        if flag is None or (ddp_exec and not spec.metadata["ddp_exec"]):
             continue
         keywords = {key: value for key, value in flag.items() if key != "name"}
         default = "" if spec.default is None else f" (default {spec.default:g})" if isinstance(spec.default, float) else ""
@@ -224,9 +231,9 @@ def magic_flags(exec_cell: bool = False) -> list[Flag]:
     return flags
 
 
-def from_flags(parsed: Any, exec_cell: bool = False) -> dict[str, Any]:
+def from_flags(parsed: Any, ddp_exec: bool = False) -> dict[str, Any]:
     """The run options a magic's parsed line gives (each flag's value under its option's name)."""
-    return {flag.option: getattr(parsed, flag.option) for flag in magic_flags(exec_cell)}
+    return {flag.option: getattr(parsed, flag.option) for flag in magic_flags(ddp_exec)}
 
 
 def _plain(doc: str) -> str:
@@ -254,12 +261,14 @@ def documented(*exclude: str) -> Callable[[Callable], Callable]:
             for spec in fields(RunOptions) if spec.name not in exclude
         ]  # fmt: skip
         fn.__signature__ = signature.replace(parameters=[*kept, *options])
-        indent = " " * 8
+        doc = fn.__doc__ or ""
+        placeholder = re.search(r"^( *)\{run_options\}", doc, re.MULTILINE)
+        indent = placeholder.group(1) if placeholder else ""
         entries = "\n".join(
             _wrapped(f"{spec.name}: {spec.metadata['doc']}", indent)
             for spec in fields(RunOptions) if spec.name not in exclude
         )  # fmt: skip
-        fn.__doc__ = (fn.__doc__ or "").replace("{run_options}", entries.strip())
+        fn.__doc__ = doc.replace("{run_options}", entries.strip())
         return fn
 
     return decorate

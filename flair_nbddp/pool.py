@@ -215,6 +215,7 @@ class WorkerPool:
         """:func:`flair_nbddp.launch_distributed` on the pool's workers: rank 0's return value."""
         return self.launch(fn, args, kwargs).value
 
+    @documented("output", "dashboard")
     def exec(
         self, code: str | Callable[[], Any], ranks: Sequence[int] | None = None, *, variables: dict | None = None,
         reset: bool = False, options: RunOptions | None = None, provenance: Provenance | None = None,
@@ -238,9 +239,12 @@ class WorkerPool:
             ranks: run only on these ranks (the others return at once: collectives would hang).
             variables: names put in every rank's namespace first (shipped as ``launch`` ships arguments).
             reset: empty the namespaces first.
-            options, run_options: as for :meth:`launch` (``timeout``, ``stop_timeout``, ``hang_timeout``, ``seed``
-                matter here; each rank's output is always shown, nothing else is).
+            options, run_options: as for :meth:`launch`, but ``output`` (every rank's output is shown, prefixed)
+                and ``dashboard`` (nothing else is), which ``exec`` decides.
             provenance: as for :func:`flair_nbddp.launch`.
+
+        Run options (keywords, or ``options=RunOptions(...)``; keywords win):
+            {run_options}
 
         Raises:
             ConfigurationError: a rank that the pool does not have.
@@ -258,7 +262,9 @@ class WorkerPool:
             [result.value for result in pool.exec("int(total)")]      # [0, 1]
         """
         chosen = check_ranks(ranks, self.plan.world_size)
-        options = RunOptions.of({**run_options, "output": "all", "dashboard": False}, options, where="exec(): ")
+        decided = {"output": "every rank's output is shown, prefixed", "dashboard": "exec shows the ranks' output only"}
+        options = RunOptions.of(run_options, options, where="exec(): ", not_here=decided)
+        options = RunOptions.of({"output": "all", "dashboard": False}, options)
         args = (code, dict(variables or {}), chosen, reset)
         run = Run(
             ddp_exec.run_ddp_exec_cell, args, {}, source_for(options, self), options, stop_recycles=False,

@@ -65,7 +65,8 @@ def test_an_exception_on_rank_one_shows_its_traceback_and_keeps_the_namespaces(k
     failed = kernel.execute("%%ddp_exec\nkept / 0 if rank == 1 else kept", timeout=120)
     assert "[rank 0] Out: 7" in failed.stdout
     assert failed.error["ename"] == "WorkerError" and "ZeroDivisionError" in failed.error["evalue"]
-    assert 'File "<ddp_exec cell>", line 1' in failed.error["evalue"] and "interactive.py" not in failed.error["evalue"]
+    evalue = failed.error["evalue"]
+    assert 'File "<ddp_exec cell>", line 1' in evalue and "ddp_exec.py" not in evalue and "cell_code.py" not in evalue
     assert "[rank 1] Out: 8" in _ok(kernel.execute("%%ddp_exec\nkept + 1", timeout=120)).stdout
     assert "0 recycle(s)" in _ok(kernel.execute("%ddp_pool status")).stdout
 

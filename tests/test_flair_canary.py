@@ -35,8 +35,8 @@ ATTRIBUTES = [
     # fast_inputs: the private method that calls the tokenizer, and what decides whether the kit can serve it
     "flair.embeddings.transformer.TransformerBaseEmbeddings._TransformerBaseEmbeddings__build_transformer_model_inputs",
     "flair.embeddings.transformer.TransformerBaseEmbeddings.prepare_tensors",
-    # precision: what flair's use_amp path creates, and the autocast type the kit sets for it
-    "torch.cuda.amp.GradScaler", "torch.set_autocast_dtype", "torch.get_autocast_dtype",
+    # precision: what flair's use_amp path creates (the kit sets the autocast type through torch's public setters)
+    "torch.cuda.amp.GradScaler",
 ]  # fmt: skip
 
 # functions the kit calls or wraps, with the parameters it binds or passes by name

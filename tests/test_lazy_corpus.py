@@ -17,8 +17,7 @@ from torch.utils.data import Subset
 from flair_nbddp import PoolClosedError, PoolRefError, ShippingError, WorkerPool
 from flair_nbddp.errors import CorpusMismatchError
 from flair_nbddp.synthetic import ner_corpus, sentiment_corpus
-from flair_nbddp.wire import codec, payload
-from flair_nbddp.wire import pool_ref as shared
+from flair_nbddp.wire import codec, payload, pool_ref
 from flair_nbddp.wire.lazy_corpus import (
     LazyDataPoints,
     decode_lazy,
@@ -233,8 +232,8 @@ def test_put_packs_once_and_each_read_decodes_a_fresh_copy(pool, sentiment):
     assert len(packed) < 1000  # the job carries the ref, not the corpus
     first, second = payload.loads(packed)[0], payload.loads(packed)[0]
     assert first is not second and texts(first.train) == texts(sentiment.train)
-    shared.keep_only([])
-    assert shared._WORKER_COPIES == {}
+    pool_ref.keep_only([])
+    assert pool_ref._WORKER_COPIES == {}
 
 
 def test_matches_sees_a_new_object_and_new_splits_not_changes_inside(pool):
@@ -282,7 +281,7 @@ def test_a_worker_copy_that_is_damaged_or_gone_says_so(pool, sentiment):
     ref = pool.put(sentiment)
     packed = payload.dumps(ref)
     ref.path.write_bytes(ref.path.read_bytes()[:-1] + b"x")
-    shared.keep_only([])
+    pool_ref.keep_only([])
     with pytest.raises(CorpusMismatchError, match="changed or damaged"):
         payload.loads(packed)
     ref.path.unlink()

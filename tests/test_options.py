@@ -22,8 +22,9 @@ FIELDS = {spec.name: spec for spec in dataclasses.fields(RunOptions)}
 
 @pytest.mark.parametrize(
     "takes, left_out",
-    [(launch, ()), (start, ("dashboard",)), (WorkerPool.launch, ()), (TrainingPanel, ("dashboard",))],
-    ids=["launch", "start", "WorkerPool.launch", "TrainingPanel"],
+    [(launch, ()), (start, ("dashboard",)), (WorkerPool.launch, ()), (TrainingPanel, ("dashboard",)),
+     (WorkerPool.exec, ("dashboard", "output"))],
+    ids=["launch", "start", "WorkerPool.launch", "TrainingPanel", "WorkerPool.exec"],
 )
 def test_each_way_to_start_a_run_lists_every_option_with_its_default(takes, left_out):
     parameters = inspect.signature(takes).parameters
@@ -52,8 +53,8 @@ def test_the_magics_flags_come_from_the_options():
     with_flag = [name for name, spec in FIELDS.items() if spec.metadata["flag"] is not None]
     assert with_flag == list(option_names())  # every option is a %%ddp_train flag
     assert set(with_flag) <= set(train)
-    assert {flag.option for flag in magic_flags(exec_cell=True)} == {"timeout", "stop_timeout", "hang_timeout"}
-    assert {flag.option for flag in magic_flags(exec_cell=True)} <= {action.dest for action in exec_parser._actions}
+    assert {flag.option for flag in magic_flags(ddp_exec=True)} == {"timeout", "stop_timeout", "hang_timeout"}
+    assert {flag.option for flag in magic_flags(ddp_exec=True)} <= {action.dest for action in exec_parser._actions}
     parsed = train_parser.parse_args(["--gpus", "0,2", "--hang-timeout", "0", "--no-lazy-corpus", "--run-dir", "/r"])
     assert (parsed.gpus, parsed.hang_timeout, parsed.lazy_corpus, parsed.run_dir) == ((0, 2), None, False, "/r")
     defaults = train_parser.parse_args([])
@@ -79,3 +80,14 @@ def test_keywords_beside_options_win_and_options_are_frozen():
         base.seed = 3
     assert RunOptions(gpus=[0, 2]).gpus == (0, 2)  # a list given is kept as a tuple: the options stay hashable
     assert hash(RunOptions(gpus=[0, 2])) == hash(RunOptions(gpus=(0, 2)))
+
+
+def test_an_option_the_caller_decides_itself_is_refused_with_the_reason():
+    with pytest.raises(UnknownOptionError, match=r"start\(\): dashboard= is not taken here: start\(\) shows nothing"):
+        start(print, dashboard=True)
+    pool = WorkerPool(2, "cpu")  # no worker starts before the first job: a refused one starts none
+    try:
+        with pytest.raises(UnknownOptionError, match=r"exec\(\): output= is not taken here: every rank's output"):
+            pool.exec("1", output="rank0")
+    finally:
+        pool.close()

@@ -70,11 +70,11 @@ def gpu_list(text: str | None, option: str = "--gpus") -> list[int] | None:
         raise UsageError(f"{option} {text!r} is not a list of {kind} numbers: write e.g. {option} 0,2") from None
 
 
-def run_option_flags(exec_cell: bool = False) -> Callable[[Callable], Callable]:
+def run_option_flags(ddp_exec: bool = False) -> Callable[[Callable], Callable]:
     """A magic's flags for the run options (:func:`flair_nbddp.options.magic_flags`), in the options' order."""
 
     def decorate(magic: Callable) -> Callable:
-        for flag in reversed(magic_flags(exec_cell)):
+        for flag in reversed(magic_flags(ddp_exec)):
             magic = argument(flag.name, **flag.keywords)(magic)
         return magic
 
@@ -281,7 +281,7 @@ class DdpMagics(Magics):
     @argument("--ranks", default=None, metavar="0,2", help="run the cell on these ranks only")
     @argument("--out", default=None, metavar="NAME", help="store every rank's value in this variable, as a list")
     @argument("--reset", action="store_true", help="empty every rank's namespace first (%%ddp_exec --reset: only that)")
-    @run_option_flags(exec_cell=True)
+    @run_option_flags(ddp_exec=True)
     @line_cell_magic
     def ddp_exec(self, line: str, cell: str | None = None):
         """Run the cell on every rank of the warm pool (started on first use), in a namespace each rank keeps.
@@ -317,7 +317,7 @@ class DdpMagics(Magics):
                   "would wait forever for the other ranks (interrupt to end it)", flush=True)  # fmt: skip
         try:
             results = pool.exec(
-                source, ranks, variables=shipped, reset=options.reset, **from_flags(options, exec_cell=True),
+                source, ranks, variables=shipped, reset=options.reset, **from_flags(options, ddp_exec=True),
                 provenance=Provenance("%%ddp_exec", name="%%ddp_exec", source=cell or "", params={"variables": shipped},
                                       options={"line": line.strip()}),
             )  # fmt: skip

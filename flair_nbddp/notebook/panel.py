@@ -421,7 +421,9 @@ class TrainingPanel:
         self.fn, self.fixed = fn, dict(fixed or {})
         self._shared: PoolRef | None = None  # the corpus put on the current pool, while it matches
         self.corpus = corpus
-        self.options = RunOptions.of(run_options, options, where="TrainingPanel(): ")
+        self.options = RunOptions.of(
+            run_options, options, where="TrainingPanel(): ", not_here={"dashboard": "the panel shows its own"}
+        )
         self.controls = build_form(dict(params or {}))
         self._check_arguments()
         self.runs: list[PanelRun] = []

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import sys
 import weakref
 from dataclasses import dataclass, field
@@ -89,8 +90,12 @@ def fingerprint(tokenizer: Any) -> str:
     """What makes two tokenizers encode alike: the fast tokenizer's full definition and the settings around it."""
     known = _FINGERPRINTS.get(tokenizer)
     if known is None:
-        digest = hashlib.blake2b(tokenizer.backend_tokenizer.to_str().encode(), digest_size=16)
-        digest.update(repr((type(tokenizer).__name__, tokenizer.model_max_length, tokenizer.padding_side)).encode())
+        definition = json.loads(tokenizer.backend_tokenizer.to_str())
+        for per_call in ("truncation", "padding"):  # set by each call of the tokenizer, not part of what it is
+            definition.pop(per_call, None)
+        digest = hashlib.blake2b(json.dumps(definition, sort_keys=True).encode(), digest_size=16)
+        sides = (tokenizer.padding_side, tokenizer.truncation_side)
+        digest.update(repr((type(tokenizer).__name__, tokenizer.model_max_length, sides)).encode())
         known = _FINGERPRINTS[tokenizer] = digest.hexdigest()
     return known
 
@@ -134,7 +139,8 @@ class CachingTokenizer:
             is_split_into_words=True,
         )  # fmt: skip
         samples = encoding.get("overflow_to_sample_mapping", range(len(words)))
-        id_type = np.uint16 if len(self._real) <= np.iinfo(np.uint16).max + 1 else np.int32
+        largest = max((max(ids, default=0) for ids in encoding["input_ids"]), default=0)
+        id_type = np.uint16 if largest <= np.iinfo(np.uint16).max else np.int32
         found: dict[int, list[tuple[Any, ...]]] = {}
         for row, sample in enumerate(samples):
             ids = np.asarray(encoding["input_ids"][row], dtype=id_type)

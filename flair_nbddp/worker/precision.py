@@ -78,14 +78,27 @@ def _bf16_amp() -> Iterator[None]:
     import torch
 
     device = flair.device.type
-    before, scaler = torch.get_autocast_dtype(device), torch.cuda.amp.GradScaler
-    torch.set_autocast_dtype(device, torch.bfloat16)
+    get, set_ = _autocast_dtype_accessors(device)
+    before, scaler = get(), torch.cuda.amp.GradScaler
+    set_(torch.bfloat16)
     torch.cuda.amp.GradScaler = functools.partial(_no_scaler, scaler)
     try:
         yield
     finally:
-        torch.set_autocast_dtype(device, before)
+        set_(before)
         torch.cuda.amp.GradScaler = scaler
+
+
+def _autocast_dtype_accessors(device: str) -> tuple[Callable, Callable]:
+    """Get and set the type ``torch.autocast`` uses on ``device`` when given none (torch 2.4 has one pair for
+    every device; before it, one for CPU and one for GPUs)."""
+    import torch
+
+    if hasattr(torch, "set_autocast_dtype"):
+        return functools.partial(torch.get_autocast_dtype, device), functools.partial(torch.set_autocast_dtype, device)
+    if device == "cpu":
+        return torch.get_autocast_cpu_dtype, torch.set_autocast_cpu_dtype
+    return torch.get_autocast_gpu_dtype, torch.set_autocast_gpu_dtype
 
 
 def _no_scaler(scaler: type, *args: Any, enabled: bool = True, **kwargs: Any) -> Any:
