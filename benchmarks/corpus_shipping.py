@@ -127,7 +127,7 @@ def run_worker(method: str, docs: int, path: Path, digest: str) -> dict:
     started = time.perf_counter()
     import flair.datasets  # noqa: F401 - a worker has flair imported before the payload arrives
 
-    from flair_nbddp import codec  # noqa: F401 - and the codec
+    from flair_nbddp.wire import codec  # noqa: F401 - and the codec
 
     import_s = time.perf_counter() - started
     started = time.perf_counter()
