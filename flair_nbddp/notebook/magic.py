@@ -41,7 +41,7 @@ from ..errors import (
 from ..ledger.provenance import Provenance
 from ..ledger.store import ENDED, history, ledger_path
 from ..ledger.versions import versions
-from ..options import from_flags, magic_flags
+from ..options import DEVICES, from_flags, magic_flags
 from ..pool import WorkerPool, check_ranks, current_pool, set_current_pool
 from ..run import runs
 from ..wire.payload import describe_unpicklable
@@ -349,7 +349,7 @@ class DdpMagics(Magics):
         "notebook variables in them, or release those",
     )  # fmt: skip
     @argument("targets", nargs="*", help="with start: number of workers; with put/release: variable names")
-    @argument("--device", choices=["cpu", "cuda"], default=None, help="with start: default cuda when available")
+    @argument("--device", choices=DEVICES, default=None, help="with start: default cuda when available")
     @argument("--gpus", default=None, metavar="0,2", help="with start: these GPUs only, one worker each")
     @argument(
         "--cluster", default=None, metavar="ADDRESS_OR_NAME",
