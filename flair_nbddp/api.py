@@ -17,8 +17,10 @@ from .run import Run
 from .watch import launch_and_watch
 from .worker_source import WorkerSource, source_for
 
+_START_DECIDES = {"dashboard": "start() shows nothing; launch() shows the run"}  # options start() takes none of
 
-@documented("dashboard")
+
+@documented(*_START_DECIDES)
 def start(
     fn: Callable,
     args: tuple = (),
@@ -45,9 +47,7 @@ def start(
         run.stop()
         run.wait().status  # 'stopped'
     """
-    options = RunOptions.of(
-        run_options, options, where="start(): ", not_here={"dashboard": "start() shows nothing; launch() shows the run"}
-    )
+    options = RunOptions.of(run_options, options, where="start(): ", not_here=_START_DECIDES)
     source = source_for(options, pool)
     return Run(fn, args, kwargs or {}, source, options, provenance=provenance or Provenance("start")).start()
 

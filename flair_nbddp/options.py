@@ -23,6 +23,7 @@ import argparse
 import difflib
 import inspect
 import re
+import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -44,12 +45,21 @@ def _option(default: Any, doc: str, *, flag: dict | None = None, ddp_exec: bool 
     return field(default=default, metadata={"doc": doc, "flag": flag, "ddp_exec": ddp_exec})
 
 
-def _numbers(text: str) -> tuple[int, ...]:
-    """``"0,2"`` → ``(0, 2)``: the ``--gpus`` flag."""
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text} is not a list of GPU numbers: write e.g. --gpus 0,2") from None
+def numbers(flag: str, kind: str) -> Callable[[str], tuple[int, ...]]:
+    """A magic flag's parser of number lists: ``"0,2"`` → ``(0, 2)``; a bad list names ``kind`` and the fix.
+
+    Example:
+        >>> numbers("--ranks", "rank")("0, 2")
+        (0, 2)
+    """
+
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(part) for part in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text} is not a list of {kind} numbers: write e.g. {flag} 0,2") from None
+
+    return parse
 
 
 def _seconds_or_off(text: str) -> float | None:
@@ -75,13 +85,14 @@ class RunOptions:
         flag={"type": int, "metavar": "N"},
     )  # fmt: skip
     device: str | None = _option(
-        None, '``"cuda"`` (NCCL), ``"cpu"`` (gloo), or None for CUDA when GPUs are visible (or ``$FLAIR_NBDDP_DEVICE``).',
+        None, '``"cuda"`` (NCCL), ``"cpu"`` (gloo), or None for CUDA when GPUs are visible (or '
+        "``$FLAIR_NBDDP_DEVICE``).",
         flag={"choices": DEVICES},
     )  # fmt: skip
     gpus: tuple[int, ...] | None = _option(
         None, "run on these GPUs only, one process each, e.g. ``[0, 2]`` (numbered as torch numbers them in this "
         "kernel); works after the kernel has initialised CUDA, unlike setting ``CUDA_VISIBLE_DEVICES``.",
-        flag={"metavar": "0,2", "type": _numbers},
+        flag={"metavar": "0,2", "type": numbers("--gpus", "GPU")},
     )  # fmt: skip
     cluster: Any = _option(
         None, "run on a Dask cluster instead of this machine: a ``distributed.Client`` (``LocalCluster``, "
@@ -140,7 +151,8 @@ class RunOptions:
         "way.", flag={"name": "--no-fast-inputs", "const": False},
     )  # fmt: skip
     precision: str = _option(
-        "fp32", '``"fp32"``: flair\'s default, unchanged; ``"bf16"``: the forward passes of training and evaluation under '
+        "fp32", '``"fp32"``: flair\'s default, unchanged; ``"bf16"``: the forward passes of training and evaluation '
+        "under "
         "bfloat16 autocast, no gradient scaler (GPUs with bfloat16, and CPU); ``\"fp16\"``: flair's own mixed "
         "precision (``use_amp=True``). bf16 and fp16 give scores close to fp32's, not the same "
         "(:mod:`flair_nbddp.worker.precision`).", flag={"choices": PRECISIONS},
@@ -220,8 +232,8 @@ def magic_flags(ddp_exec: bool = False) -> list[Flag]:
         if flag is None or (ddp_exec and not spec.metadata["ddp_exec"]):
             continue
         keywords = {key: value for key, value in flag.items() if key != "name"}
-        default = "" if spec.default is None else f" (default {spec.default:g})" if isinstance(spec.default, float) else ""
-        keywords["help"] = _plain(spec.metadata["doc"]) + default
+        seconds = f" (default {spec.default:g})" if isinstance(spec.default, float) else ""
+        keywords["help"] = _plain(spec.metadata["doc"]) + seconds
         if "const" in flag:  # a switch that turns a default off
             keywords.update(action="store_const", default=spec.default)
         else:
@@ -265,21 +277,11 @@ def documented(*exclude: str) -> Callable[[Callable], Callable]:
         placeholder = re.search(r"^( *)\{run_options\}", doc, re.MULTILINE)
         indent = placeholder.group(1) if placeholder else ""
         entries = "\n".join(
-            _wrapped(f"{spec.name}: {spec.metadata['doc']}", indent)
+            textwrap.fill(f"{spec.name}: {spec.metadata['doc']}", 112, initial_indent=indent,
+                          subsequent_indent=indent + "    ", break_long_words=False, break_on_hyphens=False)
             for spec in fields(RunOptions) if spec.name not in exclude
         )  # fmt: skip
         fn.__doc__ = doc.replace("{run_options}", entries.strip())
         return fn
 
     return decorate
-
-
-def _wrapped(text: str, indent: str, width: int = 112) -> str:
-    lines, line = [], indent
-    for word in text.split():
-        if len(line) + len(word) + 1 > width and line.strip():
-            lines.append(line.rstrip())
-            line = indent + "    "
-        line += word + " "
-    lines.append(line.rstrip())
-    return "\n".join(lines)

@@ -41,6 +41,10 @@ from .worker.ddp_exec import RankResult
 from .worker_source import RankGroup, new_workers, source_for
 
 _CURRENT: WorkerPool | None = None
+_EXEC_DECIDES = {  # run options exec() takes none of: it decides them
+    "output": "every rank's output is shown, prefixed",
+    "dashboard": "exec shows the ranks' output only",
+}
 
 
 def check_ranks(ranks: Sequence[int] | None, world_size: int) -> tuple[int, ...] | None:
@@ -215,7 +219,7 @@ class WorkerPool:
         """:func:`flair_nbddp.launch_distributed` on the pool's workers: rank 0's return value."""
         return self.launch(fn, args, kwargs).value
 
-    @documented("output", "dashboard")
+    @documented(*_EXEC_DECIDES)
     def exec(
         self, code: str | Callable[[], Any], ranks: Sequence[int] | None = None, *, variables: dict | None = None,
         reset: bool = False, options: RunOptions | None = None, provenance: Provenance | None = None,
@@ -262,8 +266,7 @@ class WorkerPool:
             [result.value for result in pool.exec("int(total)")]      # [0, 1]
         """
         chosen = check_ranks(ranks, self.plan.world_size)
-        decided = {"output": "every rank's output is shown, prefixed", "dashboard": "exec shows the ranks' output only"}
-        options = RunOptions.of(run_options, options, where="exec(): ", not_here=decided)
+        options = RunOptions.of(run_options, options, where="exec(): ", not_here=_EXEC_DECIDES)
         options = RunOptions.of({"output": "all", "dashboard": False}, options)
         args = (code, dict(variables or {}), chosen, reset)
         run = Run(

@@ -41,7 +41,7 @@ from ..errors import (
 from ..ledger.provenance import Provenance
 from ..ledger.store import ENDED, history, ledger_path
 from ..ledger.versions import versions
-from ..options import DEVICES, from_flags, magic_flags
+from ..options import DEVICES, from_flags, magic_flags, numbers
 from ..pool import WorkerPool, check_ranks, current_pool, set_current_pool
 from ..run import runs
 from ..wire.payload import describe_unpicklable
@@ -53,22 +53,6 @@ from .run_table import runs_html
 # A magic reports a mistake in its options or cell as IPython's own UsageError, the one exception outside the
 # kit's FlairNbddpError family: IPython shows it as a single line only when `etype is UsageError`, not for a
 # subclass (InteractiveShell.showtraceback).
-
-def gpu_list(text: str | None, option: str = "--gpus") -> list[int] | None:
-    """``"0,2"`` → ``[0, 2]`` (the ``--gpus`` option, or the list of numbers of ``option``).
-
-    Example:
-        >>> gpu_list("0, 2"), gpu_list(None)
-        ([0, 2], None)
-    """
-    if text is None:
-        return None
-    try:
-        return [int(part) for part in text.split(",")]
-    except ValueError:
-        kind = "GPU" if option == "--gpus" else "rank"
-        raise UsageError(f"{option} {text!r} is not a list of {kind} numbers: write e.g. {option} 0,2") from None
-
 
 def run_option_flags(ddp_exec: bool = False) -> Callable[[Callable], Callable]:
     """A magic's flags for the run options (:func:`flair_nbddp.options.magic_flags`), in the options' order."""
@@ -278,7 +262,9 @@ class DdpMagics(Magics):
     @no_var_expand
     @magic_arguments()
     @argument("--rank", type=int, default=None, metavar="R", help="run the cell on rank R only")
-    @argument("--ranks", default=None, metavar="0,2", help="run the cell on these ranks only")
+    @argument(
+        "--ranks", type=numbers("--ranks", "rank"), default=None, metavar="0,2", help="run the cell on these ranks only"
+    )
     @argument("--out", default=None, metavar="NAME", help="store every rank's value in this variable, as a list")
     @argument("--reset", action="store_true", help="empty every rank's namespace first (%%ddp_exec --reset: only that)")
     @run_option_flags(ddp_exec=True)
@@ -304,7 +290,7 @@ class DdpMagics(Magics):
             print("no pool is started: there is no namespace to empty")
             return
         pool = current_pool() or self._new_pool(for_exec=True)
-        chosen = [options.rank] if options.rank is not None else gpu_list(options.ranks, "--ranks")
+        chosen = [options.rank] if options.rank is not None else options.ranks
         try:
             ranks = check_ranks(chosen, pool.plan.world_size)
         except ConfigurationError as error:
@@ -328,12 +314,12 @@ class DdpMagics(Magics):
         show_rank_results(results)
 
     def _new_pool(
-        self, processes: int | None = None, device: str | None = None, gpus: str | None = None,
+        self, processes: int | None = None, device: str | None = None, gpus: tuple[int, ...] | None = None,
         for_exec: bool = False, cluster: str | None = None,
     ) -> WorkerPool:  # fmt: skip
         """A new current pool (its workers start with its first job, or at ``warm_up``)."""
         try:
-            pool = WorkerPool(processes, device, gpus=gpu_list(gpus), cluster=cluster_option(cluster, self.shell.user_ns))
+            pool = WorkerPool(processes, device, gpus=gpus, cluster=cluster_option(cluster, self.shell.user_ns))
         except (ConfigurationError, ClusterError, UnsupportedPlatformError) as error:
             raise UsageError(str(error)) from None
         set_current_pool(pool)
@@ -350,7 +336,10 @@ class DdpMagics(Magics):
     )  # fmt: skip
     @argument("targets", nargs="*", help="with start: number of workers; with put/release: variable names")
     @argument("--device", choices=DEVICES, default=None, help="with start: default cuda when available")
-    @argument("--gpus", default=None, metavar="0,2", help="with start: these GPUs only, one worker each")
+    @argument(
+        "--gpus", type=numbers("--gpus", "GPU"), default=None, metavar="0,2",
+        help="with start: these GPUs only, one worker each",
+    )  # fmt: skip
     @argument(
         "--cluster", default=None, metavar="ADDRESS_OR_NAME",
         help="with start: keep the workers on a Dask cluster (its scheduler's address, or a Client's name)",

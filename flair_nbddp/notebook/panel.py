@@ -60,6 +60,7 @@ UI_BUSY_SECONDS = 0.5  # the table waits this long for a ledger another kernel i
 CONTROL_WIDTH = "380px"  # every form control, so that the grid's columns line up
 LOG_SLIDER_DECADES = 2  # a lone learning rate gets a slider this many decades either side
 _FAILED = STATUS_COLORS["failed"]
+_PANEL_DECIDES = {"dashboard": "the panel shows its own"}  # run options the panel takes none of
 
 
 # -- params → widgets -----------------------------------------------------------------------------
@@ -405,7 +406,7 @@ class TrainingPanel:
         # {'test_score': 0.87, 'dev/score': 0.9, 'train/loss': 0.21}
     """
 
-    @documented("dashboard")
+    @documented(*_PANEL_DECIDES)
     def __init__(
         self,
         fn: Callable,
@@ -421,9 +422,7 @@ class TrainingPanel:
         self.fn, self.fixed = fn, dict(fixed or {})
         self._shared: PoolRef | None = None  # the corpus put on the current pool, while it matches
         self.corpus = corpus
-        self.options = RunOptions.of(
-            run_options, options, where="TrainingPanel(): ", not_here={"dashboard": "the panel shows its own"}
-        )
+        self.options = RunOptions.of(run_options, options, where="TrainingPanel(): ", not_here=_PANEL_DECIDES)
         self.controls = build_form(dict(params or {}))
         self._check_arguments()
         self.runs: list[PanelRun] = []
