@@ -85,12 +85,14 @@ def install(rank: int, world_size: int, control_group: Any, store: Any) -> None:
     from flair.models import (
         TextRegressor,  # flair.models: every built-in model class, for the notices
     )
-    from flair.nn import Classifier, Model
+    from flair.nn import Classifier
+
+    from .flair_compat import model_subclasses
 
     _WORLD = _World(rank, world_size, control_group, store)
     Classifier.evaluate = _sharded(Classifier.evaluate, _Predictions())
     TextRegressor.evaluate = _sharded(TextRegressor.evaluate, _RegressionScores())
-    for cls in _subclasses(Model):
+    for cls in model_subclasses():
         if "evaluate" in cls.__dict__ and cls not in (Classifier, TextRegressor):
             cls.evaluate = _whole(cls.evaluate, cls.__name__)
 
@@ -114,13 +116,6 @@ def batches_computed() -> int:
     with ``distributed_eval=False``, which this does not count, nor a share thrown away to evaluate whole).
     """
     return _JOB.computed
-
-
-def _subclasses(cls: type) -> list[type]:
-    found = []
-    for sub in cls.__subclasses__():
-        found += [sub, *_subclasses(sub)]
-    return found
 
 
 def _active() -> bool:

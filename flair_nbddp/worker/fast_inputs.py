@@ -52,11 +52,14 @@ def install() -> None:
         return
 
     def build(self: Any, sentences: list, offsets: list, lengths: list, flair_tokens: list, device: Any) -> Any:
-        reason = None if not _JOB.enabled else unservable(self)
-        if not _JOB.enabled or reason:
-            if reason and self.name not in _JOB.noticed:
+        if not _JOB.enabled:
+            return original(self, sentences, offsets, lengths, flair_tokens, device)
+        reason = unservable(self)
+        if reason:
+            if self.name not in _JOB.noticed:
                 _JOB.noticed.add(self.name)
-                print(f"flair_nbddp: {self.name} builds its inputs in every batch, as flair does: {reason}", file=sys.stderr)
+                print(f"flair_nbddp: {self.name} builds its inputs in every batch, as flair does: {reason}",
+                      file=sys.stderr)  # fmt: skip
             return original(self, sentences, offsets, lengths, flair_tokens, device)
         real = self.tokenizer
         self.__dict__["tokenizer"] = CachingTokenizer(real, keep_word_ids=bool(self.token_embedding))

@@ -7,6 +7,8 @@
 * :func:`instrument_trainer`: every ``train``/``fine_tune``/``train_custom`` call gets a fresh
   :class:`StreamingPlugin`, and a call that forgets ``multi_gpu=True`` while several processes run
   is stopped before every rank trains the whole corpus on its own.
+* :func:`model_subclasses`: flair's model classes, for the modules that wrap their ``evaluate``
+  (``distributed_eval``, ``precision``).
 * Graceful stop: once the parent asks, all ranks agree at the end of the same batch and raise flair's
   own ``TrainingInterrupt``, so flair saves ``final-model.pt`` and finishes as after Ctrl+C in a script,
   minus its final test evaluation: the returned ``test_score`` is NaN (flair would say 0, a score).
@@ -217,6 +219,21 @@ class StreamingPlugin(TrainerPlugin):
         """Send the tensor metrics whose values reached the host (only rank 0 records any)."""
         for name, step, value in self._tensor_metrics.ready(wait):
             self._sender.send(Metric(0, name, value, step))
+
+
+def model_subclasses() -> list[type]:
+    """Every subclass of flair's ``Model`` defined so far (flair's own once ``flair.models`` is imported), each
+    once, parents before their children."""
+    from flair.nn import Model
+
+    found: dict[type, None] = {}
+    pending = list(Model.__subclasses__())
+    while pending:
+        cls = pending.pop(0)
+        if cls not in found:
+            found[cls] = None
+            pending.extend(cls.__subclasses__())
+    return list(found)
 
 
 def allow_cpu_ddp() -> None:

@@ -26,10 +26,11 @@ def start_job(precision: str) -> None:
 
 
 def install() -> None:
-    """Wrap flair's ``train_custom`` (which ``train`` and ``fine_tune`` call) and every model's ``evaluate``
-    (once per worker, after flair is imported)."""
-    from flair.nn import Model
+    """Wrap flair's ``train_custom`` (which ``train`` and ``fine_tune`` call) and the ``evaluate`` of every model
+    class that defines one (once per worker, after flair is imported)."""
     from flair.trainers import ModelTrainer
+
+    from .flair_compat import model_subclasses
 
     if getattr(ModelTrainer.train_custom, "_flair_nbddp_precision", False):
         return
@@ -45,16 +46,9 @@ def install() -> None:
 
     train_custom._flair_nbddp_precision = True
     ModelTrainer.train_custom = train_custom
-    for cls in {Model, *_subclasses(Model)}:
+    for cls in model_subclasses():
         if "evaluate" in cls.__dict__:
             cls.evaluate = _evaluated_in_bf16(cls.__dict__["evaluate"])
-
-
-def _subclasses(cls: type) -> set[type]:
-    found = set(cls.__subclasses__())
-    for sub in list(found):
-        found |= _subclasses(sub)
-    return found
 
 
 def _evaluated_in_bf16(evaluate: Callable) -> Callable:
