@@ -22,8 +22,10 @@ included); ``--no-fast-inputs`` gives them flair's own input building, ``--preci
   the function in the calling process without a process group, so the job trains with ``multi_gpu=False``.
 
 All time the end of the first training batch from the start of the program (``T0``) and from the launch
-call, and count samples/s after the first batch, summed over ranks, and each rank's CPU milliseconds per
-sample. Prints one JSON line.
+call, and count samples/s after the first batch (overall and per epoch), summed over ranks, and each rank's CPU
+milliseconds per sample. On CUDA the GPU's busy share while it trains is sampled from ``nvidia-smi`` every
+0.2 s. ``BENCH_PROFILE=FILE`` profiles rank 0's training (cProfile) and writes its costliest functions there.
+Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pathlib import Path
 
 LAUNCHERS = ("flair", "kit", "kit-pool", "accelerate")
 T0_ENV = "FLAIR_NBDDP_BENCH_T0"
+PROFILE_ENV = "BENCH_PROFILE"  # a file: rank 0's training is profiled (cProfile) and its top functions written there
 T0 = float(os.environ.get(T0_ENV) or time.time())
 HERE = Path(__file__).resolve().parent
 
@@ -54,6 +57,7 @@ def timed_fine_tune(
     launched_at: float, multi_gpu: bool = True,
 ):
     """Fine-tune a TextClassifier, timing the first batch (since ``T0`` and ``launched_at``) and the throughput after it."""
+    import flair.distributed_utils
     import numpy as np
     from flair.distributed_utils import aggregate
     from flair.embeddings import TransformerDocumentEmbeddings
@@ -68,14 +72,23 @@ def timed_fine_tune(
         last_batch_at: float | None = None
         cpu_at_first = cpu_at_last = 0.0
         samples = 0
+        epochs: list[list[float]] = []  # per epoch: samples after the first batch, their first and last batch's end
 
         @TrainerPlugin.hook
         def after_training_batch(self, batch, **_):
             self.last_batch_at, self.cpu_at_last = time.time(), time.process_time()
             if self.first_batch_at is None:
                 self.first_batch_at, self.cpu_at_first = self.last_batch_at, self.cpu_at_last
+                self.epochs.append([0, self.last_batch_at, self.last_batch_at])
             else:
                 self.samples += len(batch)
+                epoch = self.epochs[-1]
+                epoch[0], epoch[2] = epoch[0] + len(batch), self.last_batch_at
+
+        @TrainerPlugin.hook
+        def before_training_epoch(self, **_):
+            if self.first_batch_at is not None:  # a later epoch counts from its start (the first, from its first batch)
+                self.epochs.append([0, time.time(), time.time()])
 
     if corpus is None:  # the script way: every rank builds it, and must seed alike for flair's corpus check
         import flair
@@ -88,21 +101,67 @@ def timed_fine_tune(
         label_type="sentiment",
         label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False),
     )
-    scores = ModelTrainer(model, corpus).fine_tune(
-        base_path, max_epochs=epochs, mini_batch_size=batch, mini_batch_chunk_size=chunk, learning_rate=5e-5,
-        multi_gpu=multi_gpu, plugins=[timer], save_final_model=False,
-    )
+    def train():
+        return ModelTrainer(model, corpus).fine_tune(
+            base_path, max_epochs=epochs, mini_batch_size=batch, mini_batch_chunk_size=chunk, learning_rate=5e-5,
+            multi_gpu=multi_gpu, plugins=[timer], save_final_model=False,
+        )
+
+    scores = profiled(train) if os.environ.get(PROFILE_ENV) and flair.distributed_utils.is_main_process() else train()
     rate = timer.samples / max(1e-9, timer.last_batch_at - timer.first_batch_at)
+    epoch_rates = [samples / max(1e-9, last - first) for samples, first, last in timer.epochs if samples]
     cpu_ms = 1000 * (timer.cpu_at_last - timer.cpu_at_first) / max(1, timer.samples)
     return {
         "first_batch_s": timer.first_batch_at - T0,
         "launch_to_first_batch_s": timer.first_batch_at - launched_at,
         "samples_per_s": float(aggregate(rate, np.sum)),
+        "epoch_samples_per_s": [float(aggregate(r, np.sum)) for r in epoch_rates],
+        "first_batch_at": timer.first_batch_at,
+        "last_batch_at": timer.last_batch_at,
         # CPU time a rank spends per sample, every thread of it included: what the kit's own threads and
         # per-batch agreement add, without the wall-clock noise of a shared machine
         "cpu_ms_per_sample": float(aggregate(cpu_ms, np.mean)),
         "test_score": scores["test_score"],
     }
+
+
+def profiled(train):
+    """Run ``train`` under cProfile and write its 30 costliest functions (own time) to ``$BENCH_PROFILE``."""
+    import cProfile
+    import io
+    import pstats
+
+    profile = cProfile.Profile()
+    value = profile.runcall(train)
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
+    Path(os.environ[PROFILE_ENV]).write_text(text.getvalue())
+    return value
+
+
+class GpuBusy:
+    """Samples ``nvidia-smi``'s GPU utilisation every 0.2 s in a thread; ``between(a, b)`` averages a window."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        query = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
+        while not self._stop.wait(0.2):
+            out = subprocess.run(query, capture_output=True, text=True).stdout.split()
+            if out:
+                self.samples.append((time.time(), sum(map(float, out)) / len(out)))
+
+    def between(self, start: float, end: float) -> float | None:
+        self._stop.set()
+        self._thread.join()
+        window = [busy for at, busy in self.samples if start <= at <= end]
+        return sum(window) / len(window) if window else None
 
 
 KIT_PROGRAM = """
@@ -204,11 +263,15 @@ def run_job(args) -> dict:
     env = {**os.environ, T0_ENV: repr(time.time())}
     if args.device == "cpu":  # the kit gives each CPU rank its share of the cores: so must the script
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes_for("cpu", args.processes))))
+    busy = GpuBusy() if args.device == "cuda" else None
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
         sys.exit(f"{args.launcher} run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    figures = json.loads(lines[-1][len("RESULT "):])
+    if busy is not None:  # the GPU's busy share while it trained, from the first batch's end to the last's
+        figures["gpu_busy_percent"] = busy.between(figures["first_batch_at"], figures["last_batch_at"])
+    return figures
 
 
 def main() -> None:
