@@ -4,7 +4,9 @@ every kind of model, pooling, tokenizer and sentence the kit serves, and the tok
 from __future__ import annotations
 
 import random
+import threading
 
+import flair.trainers.trainer
 import flair.training_utils
 import pytest
 import torch
@@ -28,7 +30,8 @@ def models(tmp_path_factory):
 def fast(monkeypatch):
     """fast_inputs installed in this process for the test (flair's own method restored after it)."""
     monkeypatch.setattr(TransformerBaseEmbeddings, fast_inputs._BUILD, getattr(TransformerBaseEmbeddings, fast_inputs._BUILD))
-    monkeypatch.setattr(fast_inputs, "_CACHES", {})
+    monkeypatch.setattr(flair.trainers.trainer, "DataLoader", flair.trainers.trainer.DataLoader)
+    monkeypatch.setattr(fast_inputs, "_STORES", {})
     fast_inputs.install()
     yield fast_inputs
     fast_inputs.start_job(True)
@@ -168,13 +171,32 @@ def test_what_cannot_be_served_exactly_goes_flairs_way_with_one_notice(models, f
     assert fast_inputs.unservable(embedding) is None
 
 
-def test_kept_inputs_take_two_bytes_a_sub_token_for_a_document_embedding(models, fast):
+def test_past_the_bound_sentences_go_flairs_way_with_one_notice_and_the_inputs_stay_flairs(models, fast, capsys,
+                                                                                         monkeypatch):
     embedding = TransformerDocumentEmbeddings(models["wordpiece"])
     sentences = _sentences("text", count=40, words=(20, 60))
+    batches = [sentences[:20], sentences[20:], sentences[10:30]]
+    theirs = _prepared(embedding, batches, enabled=False)
+    monkeypatch.setattr(fast_inputs, "KEEP_AT_MOST", 0)  # full from the start
+    _assert_same(theirs, _prepared(embedding, batches, enabled=True))
+    assert fast_inputs.kept_sentences() == 0
+    notices = [line for line in capsys.readouterr().err.splitlines() if "kept encodings reached" in line]
+    assert len(notices) == 1
+
+
+def test_what_earlier_jobs_kept_stays_until_the_bound_and_then_goes_first(models, fast, monkeypatch):
+    sentences = _sentences("text", count=8)
+    first, second = (TransformerDocumentEmbeddings(models[kind]) for kind in ("wordpiece", "bpe"))
     fast_inputs.start_job(True)
-    tensors = embedding.prepare_tensors(sentences)
-    sub_tokens = int(tensors["attention_mask"].sum())
-    assert fast_inputs.kept_bytes() == 2 * sub_tokens
+    first.prepare_tensors(sentences)
+    fast_inputs.start_job(False)  # a job in between, flair's way
+    fast_inputs.start_job(True)
+    second.prepare_tensors(sentences)
+    assert fast_inputs.kept_sentences() == 16  # both tokenizers' encodings stay
+    monkeypatch.setattr(fast_inputs, "KEEP_AT_MOST", fast_inputs.kept_bytes())  # full now
+    second.prepare_tensors(_sentences("text", count=8, words=(31, 40)))  # new sentences: the first's store goes
+    assert list(fast_inputs._STORES.values()) == [fast_inputs.store_for(second.tokenizer, fast_inputs._settings(second))]
+    assert fast_inputs.kept_sentences() == 16
 
 
 @pytest.mark.process
@@ -186,11 +208,11 @@ def test_training_with_inputs_built_once_is_bit_for_bit_flairs_and_tokenizes_eac
 
     corpus = (ner_corpus if kind == "tagger" else sentiment_corpus)(n_train=48, n_dev=12, n_test=12, seed=4)
     model = models["wordpiece" if kind == "tagger" else "bpe"]
-    def train(fast: bool, name: str):
-        return warm_pool.launch(fine_tune_counting_tokenizations, (corpus, model, str(tmp_path / name), kind),
+    def train(fast: bool, name: str, ahead: bool = False):
+        return warm_pool.launch(fine_tune_counting_tokenizations, (corpus, model, str(tmp_path / name), kind, ahead),
                                 seed=11, dashboard=False, fast_inputs=fast)  # fmt: skip
 
-    results = {fast: train(fast, str(fast)) for fast in (True, False)}
+    results = {True: train(True, "fast", ahead=True), False: train(False, "flair's")}  # ahead: as on GPUs
     again = train(True, "again")
     curves = {fast: {name: result.history(name) for name in ("train/loss", "dev/loss", "dev/score")}
               for fast, result in results.items()}  # fmt: skip
@@ -226,8 +248,61 @@ def test_each_precision_runs_the_forward_passes_it_names_and_fp32_is_flairs(warm
     assert record.options["precision"] == "fp16"  # the ledger keeps each run's precision
 
 
-def test_a_sentence_is_known_by_its_words_and_the_settings_even_when_a_word_holds_the_separator():
-    key, settings = fast_inputs._key, b"(16, True, True, False)"
-    assert key(["a", "b"], settings) == key(["a", "b"], settings)
-    assert key(["a", "b"], settings) != key(["a", "b"], b"(0, False, True, False)")
-    assert len({key(["a\x00b"], settings), key(["a", "b"], settings), key(["3:a", "b"], settings)}) == 3
+def test_a_sentence_is_known_by_its_words_even_when_a_word_holds_the_separator():
+    key = fast_inputs._key
+    assert key(["a", "b"]) == key(["a", "b"]) != key(["a", "c"])
+    assert len({key(["a\x00b"]), key(["a", "b"]), key(["3:a", "b"])}) == 3
+
+
+def _trained(model_path, base, enabled: bool, ahead: bool | None, kind: str = "classifier") -> tuple[list, dict]:
+    """Two epochs of flair's own trainer in this process: the trained weights, and who tokenized what."""
+    from flair.trainers import ModelTrainer
+
+    import flair
+
+    tokenized = {"main": 0, "ahead": 0}
+    encode = fast_inputs.encode
+
+    def counting(tokenizer, store, keys, *args):
+        tokenized["main" if threading.current_thread() is threading.main_thread() else "ahead"] += len(keys)
+        return encode(tokenizer, store, keys, *args)
+
+    flair.set_seed(3)
+    corpus = sentiment_corpus(n_train=64, n_dev=8, n_test=8, seed=3)
+    if kind == "classifier":
+        model = TextClassifier(TransformerDocumentEmbeddings(model_path), "sentiment",
+                               label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False))  # fmt: skip
+    else:  # a model that embeds other text than its data points: pairs of them, joined
+        points = []
+        for first, second in zip(corpus.train[::2], corpus.train[1::2]):
+            pair = DataPair(first, second)
+            pair.add_label("same", str(first.get_label("sentiment").value == second.get_label("sentiment").value))
+            points.append(pair)
+        dictionary = Dictionary(add_unk=False)
+        for value in ("True", "False"):
+            dictionary.add_item(value)
+        model = TextPairClassifier(TransformerDocumentEmbeddings(model_path), "same", label_dictionary=dictionary)
+        corpus = flair.data.Corpus(train=points, dev=points[:4], test=points[:4], sample_missing_splits=False)
+    fast_inputs.start_job(enabled, ahead=ahead)
+    fast_inputs.encode = counting
+    try:
+        ModelTrainer(model, corpus).fine_tune(str(base), max_epochs=2, mini_batch_size=8, learning_rate=5e-3,
+                                              save_final_model=False)  # fmt: skip
+    finally:
+        fast_inputs.encode = encode
+    return [weights.clone() for weights in model.state_dict().values()], tokenized
+
+
+def test_the_input_thread_tokenizes_the_next_batch_ahead_and_training_stays_flairs_bit_for_bit(models, fast, tmp_path):
+    flairs, _ = _trained(models["wordpiece"], tmp_path / "flair", enabled=False, ahead=False)
+    ours, tokenized = _trained(models["wordpiece"], tmp_path / "ahead", enabled=True, ahead=True)
+    assert all(torch.equal(a, b) for a, b in zip(ours, flairs, strict=True))
+    # 64 sentences in 8 batches: the first batch (and dev and test) on the main thread, the other 7 ahead of time
+    assert tokenized["ahead"] >= 48 and tokenized["main"] + tokenized["ahead"] == 64 + 8 + 8
+
+
+def test_the_input_thread_stops_for_a_model_that_embeds_other_text_than_its_data_points(models, fast, tmp_path):
+    flairs, _ = _trained(models["wordpiece"], tmp_path / "flair", enabled=False, ahead=False, kind="pairs")
+    ours, tokenized = _trained(models["wordpiece"], tmp_path / "ahead", enabled=True, ahead=True, kind="pairs")
+    assert all(torch.equal(a, b) for a, b in zip(ours, flairs, strict=True))
+    assert tokenized["ahead"] == 0  # a pair is not a sentence: nothing foreseen

@@ -107,9 +107,10 @@ def nap(seconds: float) -> float:
     return seconds
 
 
-def fine_tune_counting_tokenizations(corpus, model_path: str, base_path: str, kind: str) -> dict:
+def fine_tune_counting_tokenizations(corpus, model_path: str, base_path: str, kind: str, ahead: bool = False) -> dict:
     """Fine-tune for 3 epochs (a classifier on document embeddings, or a tagger on word embeddings, both
-    transformer) and count the sentences this rank's tokenizer encoded (the kit's kept inputs, when on)."""
+    transformer) and count the sentences this rank's tokenizer encoded (the kit's kept inputs, when on), with the
+    next batch tokenized in the input thread if ``ahead`` (as on GPUs)."""
     from flair.embeddings import (
         TransformerDocumentEmbeddings,
         TransformerWordEmbeddings,
@@ -120,13 +121,14 @@ def fine_tune_counting_tokenizations(corpus, model_path: str, base_path: str, ki
     from flair_nbddp.worker import fast_inputs
 
     encoded = []
-    encode = fast_inputs.CachingTokenizer._encode
+    encode = fast_inputs.encode
 
-    def counting(self, keys, words, *args):
+    def counting(tokenizer, store, keys, *args):
         encoded.extend(keys)
-        return encode(self, keys, words, *args)
+        return encode(tokenizer, store, keys, *args)
 
-    fast_inputs.CachingTokenizer._encode = counting
+    fast_inputs.encode = counting
+    fast_inputs._JOB.ahead = ahead and fast_inputs._JOB.enabled
     try:
         if kind == "tagger":
             model = SequenceTagger(TransformerWordEmbeddings(model_path, subtoken_pooling="mean"),
@@ -137,7 +139,7 @@ def fine_tune_counting_tokenizations(corpus, model_path: str, base_path: str, ki
         scores = ModelTrainer(model, corpus).fine_tune(base_path, max_epochs=3, mini_batch_size=8,
                                                        learning_rate=5e-3, multi_gpu=True)  # fmt: skip
     finally:
-        fast_inputs.CachingTokenizer._encode = encode
+        fast_inputs.encode = encode
     return {"test_score": scores["test_score"], "encoded": len(encoded), "distinct": len(set(encoded))}
 
 

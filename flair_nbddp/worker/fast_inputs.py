@@ -28,23 +28,31 @@ from typing import Any
 
 import numpy as np
 
+from . import input_thread
+from .kept_inputs import Row, Store
+
 _BUILD = "_TransformerBaseEmbeddings__build_transformer_model_inputs"  # flair's private method, name-mangled
-_NO_WORD = -1
+
+
+KEEP_AT_MOST = 2 << 30  # bytes of kept encodings per worker; sentences beyond go flair's way, with one notice
 
 
 @dataclass
 class _Job:
     enabled: bool = True
+    ahead: bool | None = None  # tokenize the next batch in the input thread; None: where the device is not the CPU
     noticed: set[str] = field(default_factory=set)
+    used: set[tuple[str, bytes]] = field(default_factory=set)  # the stores this job read
 
 
 _JOB = _Job()
-_CACHES: dict[str, dict[bytes, tuple[Any, ...]]] = {}  # by tokenizer fingerprint: each sentence's rows
+_STORES: dict[tuple[str, bytes], Store] = {}  # by tokenizer fingerprint and call settings
 _FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> its fingerprint
 
 
 def install() -> None:
-    """Route flair's transformer input building through the cache (once per worker, after flair is imported)."""
+    """Route flair's transformer input building through the kept encodings (once per worker, after flair is
+    imported), and let flair's training loader show the input thread its next batch."""
     from flair.embeddings.transformer import TransformerBaseEmbeddings
 
     original = getattr(TransformerBaseEmbeddings, _BUILD)
@@ -56,11 +64,10 @@ def install() -> None:
             return original(self, sentences, offsets, lengths, flair_tokens, device)
         reason = unservable(self)
         if reason:
-            if self.name not in _JOB.noticed:
-                _JOB.noticed.add(self.name)
-                print(f"flair_nbddp: {self.name} builds its inputs in every batch, as flair does: {reason}",
-                      file=sys.stderr)  # fmt: skip
+            _notice(self.name, f"{self.name} builds its inputs in every batch, as flair does: {reason}")
             return original(self, sentences, offsets, lengths, flair_tokens, device)
+        if self.training and not self.context_length:  # what the input thread can foresee: a sentence's own tokens
+            input_thread.watch(self, _settings(self))
         real = self.tokenizer
         self.__dict__["tokenizer"] = CachingTokenizer(real, keep_word_ids=bool(self.token_embedding))
         try:
@@ -70,16 +77,29 @@ def install() -> None:
 
     build._flair_nbddp_fast_inputs = True
     setattr(TransformerBaseEmbeddings, _BUILD, build)
+    input_thread.install()
 
 
-def start_job(enabled: bool) -> None:
-    """A job begins: inputs are kept if ``enabled``; what earlier jobs kept stays (a pool's corpus reuses it)."""
+def start_job(enabled: bool, ahead: bool | None = None) -> None:
+    """A job begins: encodings are kept if ``enabled``, and the next training batch is tokenized ahead if ``ahead``
+    (None: when the device is not the CPU). What earlier jobs kept stays (a pool's next job on the same corpus
+    reads it) while it fits in ``KEEP_AT_MOST``."""
     global _JOB
-    _JOB = _Job(enabled=enabled)
+    _JOB = _Job(enabled=enabled, ahead=ahead)
+    input_thread.start_job()
+
+
+def tokenize_ahead() -> bool:
+    """Whether this job tokenizes the next training batch in the input thread."""
+    if _JOB.ahead is None:
+        import flair
+
+        _JOB.ahead = flair.device.type != "cpu"  # on a CPU the thread would take the cores the training needs
+    return _JOB.enabled and _JOB.ahead
 
 
 def unservable(embedding: Any) -> str | None:
-    """Why ``embedding``'s inputs cannot come from the cache exactly, or None when they can."""
+    """Why ``embedding``'s inputs cannot come from the kept encodings exactly, or None when they can."""
     if embedding.tokenizer_needs_ocr_boxes or embedding.needs_manual_ocr:
         return "its tokenizer takes OCR boxes"
     if embedding.feature_extractor is not None:
@@ -104,22 +124,77 @@ def fingerprint(tokenizer: Any) -> str:
 
 
 def kept_bytes() -> int:
-    """The memory the kept inputs take (their arrays), over every tokenizer."""
-    return sum(array.nbytes for cache in _CACHES.values() for rows in cache.values() for row in rows for array in row)
+    """The memory the kept encodings take (sub-tokens and index), over every store."""
+    return sum(store.nbytes for store in list(_STORES.values()))
 
 
 def kept_sentences() -> int:
-    """How many (sentence, settings) encodings are kept."""
-    return sum(len(cache) for cache in _CACHES.values())
+    """How many (sentence, tokenizer, settings) encodings are kept."""
+    return sum(len(store) for store in list(_STORES.values()))
+
+
+def store_for(tokenizer: Any, settings: Settings) -> Store:
+    """The store of ``tokenizer``'s encodings with ``settings`` (made empty on first use)."""
+    name = (fingerprint(tokenizer), repr(settings).encode())
+    _JOB.used.add(name)
+    store = _STORES.get(name)
+    if store is None:
+        store = _STORES.setdefault(name, Store(len(tokenizer), tokenizer.all_special_ids, settings.word_ids))
+    return store
+
+
+def encode(tokenizer: Any, store: Store, keys: list[bytes], words: list[list[str]], settings: Settings) -> list:
+    """Tokenize ``words`` (one call, as flair makes it, unpadded), keep each sentence's rows in ``store`` while
+    there is room, and return each sentence's rows."""
+    encoding = tokenizer(
+        words, stride=settings.stride, return_overflowing_tokens=settings.overflow, truncation=settings.truncation,
+        padding=False, is_split_into_words=True,
+    )  # fmt: skip
+    samples = encoding.get("overflow_to_sample_mapping", range(len(words)))
+    found: list[list] = [[] for _ in words]
+    for row, sample in enumerate(samples):
+        found[sample].append((encoding["input_ids"][row], encoding.word_ids(row) if settings.word_ids else None))
+    room = kept_bytes() < KEEP_AT_MOST
+    if not room and set(_STORES) - _JOB.used:  # full: let go of what only earlier jobs read
+        for unused in set(_STORES) - _JOB.used:
+            del _STORES[unused]
+        room = kept_bytes() < KEEP_AT_MOST
+    if not room:
+        _notice("room", f"flair_nbddp: the kept encodings reached {KEEP_AT_MOST >> 20} MB in this worker; "
+                        "sentences not kept yet are tokenized in each batch, as flair does")  # fmt: skip
+    for key, rows in zip(keys, found):
+        if room:
+            store.add(key, rows)
+    return [[(np.asarray(ids, dtype=np.int64), None if word_ids is None else list(word_ids)) for ids, word_ids in rows]
+            for rows in found]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The tokenizer call's settings flair derives from an embedding, and whether word positions are kept."""
+
+    stride: int
+    overflow: bool
+    truncation: Any
+    word_ids: bool
+
+
+def _settings(embedding: Any) -> Settings:
+    return Settings(embedding.stride, embedding.allow_long_sentences, embedding.truncate, bool(embedding.token_embedding))
+
+
+def _notice(name: str, text: str) -> None:
+    if name not in _JOB.noticed:
+        _JOB.noticed.add(name)
+        print(text, file=sys.stderr)
 
 
 class CachingTokenizer:
     """Stands in for a fast tokenizer during one of flair's input builds: answers flair's batch call from the kept
-    rows (tokenizing the sentences it has not seen), and passes every other attribute to the real tokenizer."""
+    encodings (tokenizing the sentences not kept yet), and passes every other attribute to the real tokenizer."""
 
     def __init__(self, real: Any, keep_word_ids: bool) -> None:
         self._real, self._keep_word_ids = real, keep_word_ids
-        self._cache = _CACHES.setdefault(fingerprint(real), {})
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
@@ -128,55 +203,41 @@ class CachingTokenizer:
         self, words: list[list[str]], *, stride: int, return_overflowing_tokens: bool, truncation: Any, padding: Any,
         return_tensors: str, is_split_into_words: bool,
     ) -> Any:  # fmt: skip
-        settings = repr((stride, return_overflowing_tokens, truncation, self._keep_word_ids)).encode()
-        keys = [_key(sentence, settings) for sentence in words]
-        missing = {key: sentence for key, sentence in zip(keys, words) if key not in self._cache}
+        settings = Settings(stride, return_overflowing_tokens, truncation, self._keep_word_ids)
+        store = store_for(self._real, settings)
+        keys = [_key(sentence) for sentence in words]
+        found = store.rows(keys)
+        if None in found and input_thread.wait_for(keys):  # the input thread is tokenizing some of them now
+            found = store.rows(keys)
+        input_thread.count_hits(keys, found)
+        missing = [index for index, rows in enumerate(found) if rows is None]
         if missing:
-            self._encode(list(missing), list(missing.values()), stride, return_overflowing_tokens, truncation)
-        rows = [(sample, row) for sample, key in enumerate(keys) for row in self._cache[key]]
-        return self._batch(rows, padding, return_overflowing_tokens)
+            encoded = encode(self._real, store, [keys[i] for i in missing], [words[i] for i in missing], settings)
+            for index, rows in zip(missing, encoded):
+                found[index] = rows
+        return self._batch([(sample, row) for sample, rows in enumerate(found) for row in rows],
+                           padding, return_overflowing_tokens)  # fmt: skip
 
-    def _encode(self, keys: list[bytes], words: list[list[str]], stride: int, overflow: bool, truncation: Any) -> None:
-        encoding = self._real(
-            words, stride=stride, return_overflowing_tokens=overflow, truncation=truncation, padding=False,
-            is_split_into_words=True,
-        )  # fmt: skip
-        samples = encoding.get("overflow_to_sample_mapping", range(len(words)))
-        largest = max((max(ids, default=0) for ids in encoding["input_ids"]), default=0)
-        id_type = np.uint16 if largest <= np.iinfo(np.uint16).max else np.int32
-        found: dict[int, list[tuple[Any, ...]]] = {}
-        for row, sample in enumerate(samples):
-            ids = np.asarray(encoding["input_ids"][row], dtype=id_type)
-            if self._keep_word_ids:
-                word_ids = [_NO_WORD if word is None else word for word in encoding.word_ids(row)]
-                found.setdefault(sample, []).append((ids, np.asarray(word_ids, dtype=_word_type(word_ids))))
-            else:
-                found.setdefault(sample, []).append((ids,))
-        for sample, key in enumerate(keys):
-            self._cache[key] = tuple(found[sample])
-
-    def _batch(self, rows: list[tuple[int, tuple[Any, ...]]], padding: Any, overflow: bool) -> Any:
+    def _batch(self, rows: list[tuple[int, Row]], padding: Any, overflow: bool) -> Any:
         import torch
         from transformers.utils import PaddingStrategy
 
         length = self._real.model_max_length if padding == PaddingStrategy.MAX_LENGTH else 0
-        length = max([length, *(len(row[0]) for _, row in rows)])
+        length = max([length, *(len(ids) for _, (ids, _) in rows)])
         right = self._real.padding_side == "right"
-        ids = torch.full((len(rows), length), self._real.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), length), dtype=torch.long)
+        ids = np.full((len(rows), length), self._real.pad_token_id, dtype=np.int64)
+        mask = np.zeros((len(rows), length), dtype=np.int64)
         word_ids: list[list[int | None]] = []
-        for index, (_, row) in enumerate(rows):
-            size = len(row[0])
-            where = slice(0, size) if right else slice(length - size, length)
-            ids[index, where] = torch.from_numpy(row[0].astype(np.int64))
+        for index, (_, (row, words)) in enumerate(rows):
+            where = slice(0, len(row)) if right else slice(length - len(row), length)
+            ids[index, where] = row
             mask[index, where] = 1
             if self._keep_word_ids:
-                words = [None if word == _NO_WORD else int(word) for word in row[1]]
-                pad = [None] * (length - size)
+                pad = [None] * (length - len(row))
                 word_ids.append(words + pad if right else pad + words)
-        data = {"input_ids": ids}
+        data = {"input_ids": torch.from_numpy(ids)}
         if "attention_mask" in self._real.model_input_names:
-            data["attention_mask"] = mask
+            data["attention_mask"] = torch.from_numpy(mask)
         if overflow:
             data["overflow_to_sample_mapping"] = torch.tensor([sample for sample, _ in rows], dtype=torch.long)
         return _kept_encoding_type()(data, word_ids)
@@ -199,14 +260,10 @@ def _kept_encoding_type() -> type:
     return KeptEncoding
 
 
-def _key(words: list[str], settings: bytes) -> bytes:
-    """A sentence's name in the cache: a digest of the settings and its words (one C call for the words, unless a
-    word holds the separator itself, when each word's length goes in too)."""
+def _key(words: list[str]) -> bytes:
+    """A sentence's name in a store: a digest of its words (one C call for the words, unless a word holds the
+    separator itself, when each word's length goes in too)."""
     joined, form = "\x00".join(words), b"\x01"
     if joined.count("\x00") != max(0, len(words) - 1):
         joined, form = "\x00".join(f"{len(word)}:{word}" for word in words), b"\x02"
-    return hashlib.blake2b(settings + form + joined.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-
-
-def _word_type(word_ids: list[int]) -> type:
-    return np.int16 if max(word_ids, default=0) < np.iinfo(np.int16).max else np.int32
+    return hashlib.blake2b(form + joined.encode("utf-8", "surrogatepass"), digest_size=16).digest()

@@ -1,0 +1,197 @@
+"""The encodings a worker keeps: one compact store per tokenizer and settings, for the sentences it has tokenized.
+
+A sentence's encoding is one row of sub-token ids (a sentence longer than the model, one row per strided window).
+A :class:`Store` keeps the rows in fixed-size chunks of one integer type: 2 bytes a sub-token for a vocabulary of up
+to 65,536 entries. Word embeddings also need each sub-token's word position; a store that keeps them marks, in the
+top bit of an id, the sub-tokens that begin a word (2 bytes a sub-token still, for vocabularies up to 32,768), and
+keeps a row's word positions in full only when they do not follow from the marks (a word with no sub-tokens, a
+special token inside a word). Its index costs about 36 bytes a sentence: sorted arrays of 16-byte keys, with the
+newest in a dict until there are enough of them to merge.
+
+Every method takes the store's lock: a worker's main thread and its input thread (:mod:`.input_thread`) share it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Optional
+
+import numpy as np
+
+CHUNK = 1 << 20  # sub-tokens a chunk holds; a row never spans two
+_KEY = np.dtype("V16")
+_MERGE_AT = 256  # newest keys held in a dict before they join the sorted arrays (or a 32nd of those, if more)
+
+Row = tuple[np.ndarray, Optional[list[Optional[int]]]]  # ids (int64), word positions (or None when not kept)
+
+
+class _Column:
+    """A growing array of one type, its spare capacity at most a quarter of what it holds."""
+
+    def __init__(self, dtype: type) -> None:
+        self.data, self.size = np.empty(64, dtype), 0
+
+    def append(self, value: int) -> None:
+        if self.size == len(self.data):
+            grown = np.empty(len(self.data) * 5 // 4, self.data.dtype)
+            grown[: self.size] = self.data
+            self.data = grown
+        self.data[self.size] = value
+        self.size += 1
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+
+class Store:
+    """The rows kept for one tokenizer with one set of call settings.
+
+    ``vocabulary`` bounds the ids (``len(tokenizer)``), ``special_ids`` are the tokenizer's special tokens (the
+    sub-tokens outside any word), and ``word_ids`` says whether rows keep their word positions.
+
+    >>> store = Store(vocabulary=100, special_ids=[1, 2], word_ids=True)
+    >>> store.add(b"k" * 16, [([1, 7, 8, 9, 2], [None, 0, 0, 1, None])])
+    True
+    >>> [(ids.tolist(), words) for ids, words in store.rows([b"k" * 16])[0]]
+    [([1, 7, 8, 9, 2], [None, 0, 0, 1, None])]
+    """
+
+    def __init__(self, vocabulary: int, special_ids: Sequence[int], word_ids: bool) -> None:
+        self.word_ids = word_ids
+        room = vocabulary * 2 if word_ids else vocabulary  # a word mark takes the top bit
+        self._type = np.uint16 if room <= 1 << 16 else np.int32
+        self._mark = (1 << 15 if self._type is np.uint16 else 1 << 30) if word_ids else 0
+        self._largest = (1 << 15 if self._type is np.uint16 else 1 << 30) - 1 if word_ids else np.iinfo(self._type).max
+        self._specials = np.asarray(sorted(special_ids), dtype=np.int64)
+        self._chunks: list[np.ndarray] = []
+        self._used = CHUNK  # of the last chunk: a first row opens one
+        self._starts, self._lengths = _Column(np.int64), _Column(np.int32)
+        self._bases = _Column(np.int32)  # per row: its first word's position, less one (kept with word ids only)
+        self._explicit: dict[int, np.ndarray] = {}  # row -> word positions that do not follow from the marks
+        self._first_rows = _Column(np.int32)  # per sentence, in the order kept; one more at the end
+        self._first_rows.append(0)
+        self._sorted_keys, self._sorted_sentences = np.empty(0, _KEY), np.empty(0, np.int32)
+        self._newest: dict[bytes, int] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._first_rows.size - 1
+
+    @property
+    def nbytes(self) -> int:
+        """What the kept rows and their index take: sub-tokens (of the last chunk, what is used), row and sentence
+        tables, keys (the newest at what a dict entry and its key cost), word positions kept in full."""
+        used = sum(chunk.nbytes for chunk in self._chunks[:-1])
+        used += self._used * self._chunks[-1].itemsize if self._chunks else 0
+        tables = sum(column.nbytes for column in (self._starts, self._lengths, self._bases, self._first_rows))
+        index = self._sorted_keys.nbytes + self._sorted_sentences.nbytes + 120 * len(self._newest)
+        return used + tables + index + sum(words.nbytes for words in self._explicit.values())
+
+    def sub_tokens(self) -> int:
+        """How many sub-tokens are kept."""
+        return int(self._lengths.data[: self._lengths.size].sum())
+
+    def rows(self, keys: Sequence[bytes]) -> list[list[Row] | None]:
+        """Each key's rows, or None for a key not kept."""
+        with self._lock:
+            return [None if sentence is None else self._rows_of(sentence) for sentence in self._find(keys)]
+
+    def add(self, key: bytes, rows: Sequence[tuple[Sequence[int], Sequence[int | None] | None]]) -> bool:
+        """Keep a sentence's rows (ids, and word positions if this store keeps them); False if its ids do not fit
+        (the sentence then goes flair's way each time)."""
+        arrays = [np.asarray(ids, dtype=np.int64) for ids, _ in rows]
+        if any(len(ids) and (ids.min() < 0 or ids.max() > self._largest) for ids in arrays):
+            return False
+        with self._lock:
+            if self._find([key])[0] is not None:
+                return True  # the other thread kept it meanwhile
+            for ids, (_, words) in zip(arrays, rows):
+                self._add_row(ids, words)
+            self._first_rows.append(self._starts.size)
+            self._newest[key] = len(self) - 1
+            if len(self._newest) >= max(_MERGE_AT, len(self._sorted_keys) // 32):
+                self._merge()
+        return True
+
+    def _add_row(self, ids: np.ndarray, words: Sequence[int | None] | None) -> None:
+        row = self._starts.size
+        if self.word_ids:
+            marks, base = _word_marks(words)
+            stored = ids | (marks.astype(np.int64) * self._mark)
+            positions = _as_array(words)
+            if not np.array_equal(self._decode_words(ids, marks, base), positions):
+                self._explicit[row] = positions.astype(np.int32)
+        else:
+            stored, base = ids, 0
+        if self._used + len(stored) > CHUNK:  # a row longer than a chunk gets one of its own size
+            self._chunks.append(np.empty(max(CHUNK, len(stored)), self._type))
+            self._used = 0
+        chunk = len(self._chunks) - 1
+        self._chunks[chunk][self._used : self._used + len(stored)] = stored
+        self._starts.append(chunk * CHUNK + self._used if len(stored) <= CHUNK else -1 - chunk)
+        self._lengths.append(len(stored))
+        if self.word_ids:
+            self._bases.append(base)
+        self._used += len(stored)
+
+    def _find(self, keys: Sequence[bytes]) -> list[int | None]:
+        found: list[int | None] = [self._newest.get(key) for key in keys]
+        if len(self._sorted_keys):
+            wanted = np.frombuffer(b"".join(keys), dtype=_KEY)
+            where = np.minimum(np.searchsorted(self._sorted_keys, wanted), len(self._sorted_keys) - 1)
+            hit = self._sorted_keys[where] == wanted
+            for index in np.flatnonzero(hit):
+                found[index] = int(self._sorted_sentences[where[index]])
+        return found
+
+    def _merge(self) -> None:
+        keys = np.frombuffer(b"".join(self._newest), dtype=_KEY)
+        order = np.argsort(keys)
+        keys, sentences = keys[order], np.fromiter(self._newest.values(), np.int32)[order]
+        where = np.searchsorted(self._sorted_keys, keys)
+        self._sorted_keys = np.insert(self._sorted_keys, where, keys)
+        self._sorted_sentences = np.insert(self._sorted_sentences, where, sentences)
+        self._newest = {}
+
+    def _rows_of(self, sentence: int) -> list[Row]:
+        rows = []
+        for row in range(int(self._first_rows.data[sentence]), int(self._first_rows.data[sentence + 1])):
+            start, length = int(self._starts.data[row]), int(self._lengths.data[row])
+            if start >= 0:
+                stored = self._chunks[start // CHUNK][start % CHUNK : start % CHUNK + length].astype(np.int64)
+            else:  # a row with a chunk of its own
+                stored = self._chunks[-1 - start][:length].astype(np.int64)
+            if not self.word_ids:
+                rows.append((stored, None))
+                continue
+            marks = stored >= self._mark
+            ids = stored & (self._mark - 1)
+            words = self._explicit.get(row)
+            if words is None:
+                words = self._decode_words(ids, marks, int(self._bases.data[row]))
+            rows.append((ids, [None if word < 0 else int(word) for word in words]))
+        return rows
+
+    def _decode_words(self, ids: np.ndarray, marks: np.ndarray, base: int) -> np.ndarray:
+        """Word positions from the marks: each mark begins the next word; an unmarked special token is in none (-1)."""
+        words = base + np.cumsum(marks)
+        words[~marks & np.isin(ids, self._specials)] = -1
+        return words
+
+
+def _word_marks(words: Sequence[int | None] | None) -> tuple[np.ndarray, int]:
+    """Which sub-tokens begin a word (a word position unlike the last one seen), and the row's first word less one."""
+    positions = _as_array(words)
+    inside = np.flatnonzero(positions >= 0)
+    marks = np.zeros(len(positions), dtype=bool)
+    if not len(inside):
+        return marks, 0
+    seen = positions[inside]
+    marks[inside] = np.concatenate([[True], seen[1:] != seen[:-1]])
+    return marks, int(seen[0]) - 1
+
+
+def _as_array(words: Sequence[int | None] | None) -> np.ndarray:
+    return np.asarray([-1 if word is None else word for word in words or ()], dtype=np.int64)

@@ -1,0 +1,91 @@
+"""The kept encodings' store: 2 bytes a sub-token and a few dozen a sentence, word positions exact, safe for two
+threads."""
+
+from __future__ import annotations
+
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from flair_nbddp.worker.kept_inputs import CHUNK, Store
+
+SPECIALS = [0, 1, 2, 3]  # pad, unk, cls, sep of a BERT-like vocabulary
+
+
+def _reviews(count: int, vocabulary: int, seed: int = 0) -> list[tuple[bytes, list, list]]:
+    """(key, ids, word positions) of generated 250-sub-token sentences: [CLS], words of 1-3 sub-tokens, [SEP]."""
+    rng = np.random.default_rng(seed)
+    made = []
+    for number in range(count):
+        sizes = rng.integers(1, 4, size=248)
+        words = np.repeat(np.arange(len(sizes)), sizes)[:248].tolist()
+        ids = rng.integers(4, vocabulary, size=248).tolist()
+        made.append((number.to_bytes(16, "little"), [2, *ids, 3], [None, *words, None]))
+    return made
+
+
+@pytest.mark.parametrize("word_ids", [False, True], ids=["document", "words"])
+def test_a_sentence_costs_two_bytes_a_sub_token_and_its_index_a_few_dozen(word_ids):
+    reviews = _reviews(6000, vocabulary=30522)
+    store = Store(30522, SPECIALS, word_ids=word_ids)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for key, ids, words in reviews:
+        assert store.add(key[:8] + key[8:], [(ids, words)])  # a key of its own, as a worker's are
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    sub_tokens = sum(len(ids) for _, ids, _ in reviews)
+    assert store.sub_tokens() == sub_tokens
+    unused = store._chunks[-1].nbytes - 2 * store._used  # the last chunk's free part, allocated whole
+    assert (grown - unused - 2 * sub_tokens) / len(reviews) <= 56  # 2 bytes a sub-token, the rest is the index
+    assert abs(store.nbytes - (grown - unused)) / len(reviews) <= 10  # and the store says what it takes
+    for key, ids, words in reviews[::997]:
+        [(kept_ids, kept_words)] = store.rows([key])[0]
+        assert kept_ids.tolist() == ids and kept_words == (words if word_ids else None)
+
+
+def test_word_positions_that_do_not_follow_from_the_marks_are_kept_in_full():
+    store = Store(100, SPECIALS, word_ids=True)
+    rows = {
+        b"gap".ljust(16): ([2, 10, 11, 12, 3], [None, 0, 0, 2, None]),  # word 1 has no sub-tokens
+        b"special inside".ljust(16): ([2, 10, 3, 12, 3], [None, 0, 0, 1, None]),  # a [SEP] within word 0
+        b"window".ljust(16): ([2, 11, 12, 13, 3], [None, 4, 5, 5, None]),  # a strided window, mid-sentence
+        b"special as word".ljust(16): ([2, 1, 10, 3], [None, 0, 1, None]),  # [UNK] is word 0
+        b"no words".ljust(16): ([2, 3], [None, None]),
+    }
+    for key, row in rows.items():
+        assert store.add(key, [row])
+    for key, (ids, words) in rows.items():
+        [(kept_ids, kept_words)] = store.rows([key])[0]
+        assert kept_ids.tolist() == ids and kept_words == words
+
+
+def test_large_vocabularies_take_four_bytes_and_ids_that_do_not_fit_are_refused():
+    store = Store(70000, SPECIALS, word_ids=True)
+    assert store.add(b"a" * 16, [([2, 69999, 3], [None, 0, None]), ([2, 5, 3], [None, 0, None])])
+    assert [ids.tolist() for ids, _ in store.rows([b"a" * 16])[0]] == [[2, 69999, 3], [2, 5, 3]]
+    small = Store(100, SPECIALS, word_ids=True)
+    assert not small.add(b"b" * 16, [([2, 40000, 3], [None, 0, None])])  # past the top bit: flair's way
+    assert small.rows([b"b" * 16]) == [None] and len(small) == 0
+
+
+def test_keys_are_found_before_and_after_they_join_the_sorted_index_and_two_threads_keep_each_once():
+    reviews = _reviews(5000, vocabulary=500)
+    store = Store(500, SPECIALS, word_ids=False)
+    half = len(reviews) // 2
+
+    def keep(part):
+        for key, ids, _ in part:
+            store.add(key, [(ids, None)])
+
+    threads = [threading.Thread(target=keep, args=(reviews[:half + 500],)), threading.Thread(target=keep, args=(reviews[half - 500:],))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(store) == len(reviews)
+    found = store.rows([key for key, _, _ in reviews] + [b"z" * 16])
+    assert found[-1] is None
+    assert all(rows[0][0].tolist() == ids for rows, (_, ids, _) in zip(found, reviews))
