@@ -17,7 +17,7 @@ from flair.models import SequenceTagger, TextClassifier, TextPairClassifier
 
 import flair_nbddp
 from flair_nbddp.synthetic import ner_corpus, sentiment_corpus, tiny_transformer
-from flair_nbddp.worker import fast_inputs
+from flair_nbddp.worker import fast_inputs, input_thread
 
 
 @pytest.fixture(scope="module")
@@ -249,7 +249,8 @@ def test_each_precision_runs_the_forward_passes_it_names_and_fp32_is_flairs(warm
 
 
 def test_a_sentence_is_known_by_its_words_even_when_a_word_holds_the_separator():
-    key = fast_inputs._key
+    from flair_nbddp.worker.kept_inputs import key
+
     assert key(["a", "b"]) == key(["a", "b"]) != key(["a", "c"])
     assert len({key(["a\x00b"]), key(["a", "b"]), key(["3:a", "b"])}) == 3
 
@@ -284,12 +285,12 @@ def _trained(model_path, base, enabled: bool, ahead: bool | None, kind: str = "c
         model = TextPairClassifier(TransformerDocumentEmbeddings(model_path), "same", label_dictionary=dictionary)
         corpus = flair.data.Corpus(train=points, dev=points[:4], test=points[:4], sample_missing_splits=False)
     fast_inputs.start_job(enabled, ahead=ahead)
-    fast_inputs.encode = counting
+    fast_inputs.encode = input_thread._ENCODE = counting
     try:
         ModelTrainer(model, corpus).fine_tune(str(base), max_epochs=2, mini_batch_size=8, learning_rate=5e-3,
                                               save_final_model=False)  # fmt: skip
     finally:
-        fast_inputs.encode = encode
+        fast_inputs.encode = input_thread._ENCODE = encode
     return [weights.clone() for weights in model.state_dict().values()], tokenized
 
 

@@ -118,7 +118,7 @@ def fine_tune_counting_tokenizations(corpus, model_path: str, base_path: str, ki
     from flair.models import SequenceTagger, TextClassifier
     from flair.trainers import ModelTrainer
 
-    from flair_nbddp.worker import fast_inputs
+    from flair_nbddp.worker import fast_inputs, input_thread
 
     encoded = []
     encode = fast_inputs.encode
@@ -127,8 +127,8 @@ def fine_tune_counting_tokenizations(corpus, model_path: str, base_path: str, ki
         encoded.extend(keys)
         return encode(tokenizer, store, keys, *args)
 
-    fast_inputs.encode = counting
-    fast_inputs._JOB.ahead = ahead and fast_inputs._JOB.enabled
+    fast_inputs.encode = input_thread._ENCODE = counting
+    input_thread._AHEAD = ahead and fast_inputs._JOB.enabled
     try:
         if kind == "tagger":
             model = SequenceTagger(TransformerWordEmbeddings(model_path, subtoken_pooling="mean"),
@@ -139,7 +139,7 @@ def fine_tune_counting_tokenizations(corpus, model_path: str, base_path: str, ki
         scores = ModelTrainer(model, corpus).fine_tune(base_path, max_epochs=3, mini_batch_size=8,
                                                        learning_rate=5e-3, multi_gpu=True)  # fmt: skip
     finally:
-        fast_inputs.encode = encode
+        fast_inputs.encode = input_thread._ENCODE = encode
     return {"test_score": scores["test_score"], "encoded": len(encoded), "distinct": len(set(encoded))}
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from . import input_thread
-from .kept_inputs import Row, Store
+from .kept_inputs import Row, Store, key
 
 _BUILD = "_TransformerBaseEmbeddings__build_transformer_model_inputs"  # flair's private method, name-mangled
 
@@ -40,7 +40,6 @@ KEEP_AT_MOST = 2 << 30  # bytes of kept encodings per worker; sentences beyond g
 @dataclass
 class _Job:
     enabled: bool = True
-    ahead: bool | None = None  # tokenize the next batch in the input thread; None: where the device is not the CPU
     noticed: set[str] = field(default_factory=set)
     used: set[tuple[str, bytes]] = field(default_factory=set)  # the stores this job read
 
@@ -67,7 +66,8 @@ def install() -> None:
             _notice(self.name, f"{self.name} builds its inputs in every batch, as flair does: {reason}")
             return original(self, sentences, offsets, lengths, flair_tokens, device)
         if self.training and not self.context_length:  # what the input thread can foresee: a sentence's own tokens
-            input_thread.watch(self, _settings(self))
+            settings = _settings(self)
+            input_thread.watch(self, store_for(self.tokenizer, settings), settings)
         real = self.tokenizer
         self.__dict__["tokenizer"] = CachingTokenizer(real, keep_word_ids=bool(self.token_embedding))
         try:
@@ -77,7 +77,7 @@ def install() -> None:
 
     build._flair_nbddp_fast_inputs = True
     setattr(TransformerBaseEmbeddings, _BUILD, build)
-    input_thread.install()
+    input_thread.install(encode)
 
 
 def start_job(enabled: bool, ahead: bool | None = None) -> None:
@@ -85,17 +85,12 @@ def start_job(enabled: bool, ahead: bool | None = None) -> None:
     (None: when the device is not the CPU). What earlier jobs kept stays (a pool's next job on the same corpus
     reads it) while it fits in ``KEEP_AT_MOST``."""
     global _JOB
-    _JOB = _Job(enabled=enabled, ahead=ahead)
-    input_thread.start_job()
-
-
-def tokenize_ahead() -> bool:
-    """Whether this job tokenizes the next training batch in the input thread."""
-    if _JOB.ahead is None:
+    if ahead is None:
         import flair
 
-        _JOB.ahead = flair.device.type != "cpu"  # on a CPU the thread would take the cores the training needs
-    return _JOB.enabled and _JOB.ahead
+        ahead = flair.device.type != "cpu"  # on a CPU the thread would take the cores the training needs
+    _JOB = _Job(enabled=enabled)
+    input_thread.start_job(ahead=enabled and ahead)
 
 
 def unservable(embedding: Any) -> str | None:
@@ -162,9 +157,9 @@ def encode(tokenizer: Any, store: Store, keys: list[bytes], words: list[list[str
     if not room:
         _notice("room", f"flair_nbddp: the kept encodings reached {KEEP_AT_MOST >> 20} MB in this worker; "
                         "sentences not kept yet are tokenized in each batch, as flair does")  # fmt: skip
-    for key, rows in zip(keys, found):
+    for name, rows in zip(keys, found):
         if room:
-            store.add(key, rows)
+            store.add(name, rows)
     return [[(np.asarray(ids, dtype=np.int64), None if word_ids is None else list(word_ids)) for ids, word_ids in rows]
             for rows in found]  # fmt: skip
 
@@ -205,7 +200,7 @@ class CachingTokenizer:
     ) -> Any:  # fmt: skip
         settings = Settings(stride, return_overflowing_tokens, truncation, self._keep_word_ids)
         store = store_for(self._real, settings)
-        keys = [_key(sentence) for sentence in words]
+        keys = [key(sentence) for sentence in words]
         found = store.rows(keys)
         if None in found and input_thread.wait_for(keys):  # the input thread is tokenizing some of them now
             found = store.rows(keys)
@@ -258,12 +253,3 @@ def _kept_encoding_type() -> type:
             return self._word_ids[batch_index]
 
     return KeptEncoding
-
-
-def _key(words: list[str]) -> bytes:
-    """A sentence's name in a store: a digest of its words (one C call for the words, unless a word holds the
-    separator itself, when each word's length goes in too)."""
-    joined, form = "\x00".join(words), b"\x01"
-    if joined.count("\x00") != max(0, len(words) - 1):
-        joined, form = "\x00".join(f"{len(word)}:{word}" for word in words), b"\x02"
-    return hashlib.blake2b(form + joined.encode("utf-8", "surrogatepass"), digest_size=16).digest()

@@ -1,8 +1,8 @@
 """The next training batch tokenized while the device computes this one.
 
 flair's trainer reads its batches from a ``flair.datasets.DataLoader``. In a worker, the trainer's loader reads one
-batch ahead when fast inputs look ahead (on GPUs: :func:`.fast_inputs.tokenize_ahead`): as it hands batch *k* to
-the trainer it hands batch *k+1*'s sentences to a thread, which tokenizes those not kept yet, with its own copy
+batch ahead when the job looks ahead (fast inputs on a GPU: :func:`.fast_inputs.start_job`): as it hands batch *k*
+to the trainer it hands batch *k+1*'s sentences to a thread, which tokenizes those not kept yet, with its own copy
 of each embedding's tokenizer, into the kept encodings (:mod:`.kept_inputs`). The fast tokenizer's work runs
 without the interpreter lock, so it overlaps the main thread's wait for the GPU; when flair then embeds batch
 *k+1*, its encodings are there.
@@ -21,7 +21,7 @@ import threading
 import weakref
 from typing import Any
 
-from . import fast_inputs
+from .kept_inputs import key
 
 _USELESS_AFTER = 3  # batches tokenized ahead for an embedding with no sentence of them used: the thread stops
 _END = object()
@@ -30,10 +30,9 @@ _END = object()
 class _Watch:
     """What the thread knows of one embedding in this job."""
 
-    def __init__(self, embedding: Any, settings: Any) -> None:
+    def __init__(self, embedding: Any, store: Any, settings: Any) -> None:
         self.tokenizer = copy.deepcopy(embedding.tokenizer)  # a tokenizer's settings change with each call
-        self.store = fast_inputs.store_for(embedding.tokenizer, settings)
-        self.settings = settings
+        self.store, self.settings = store, settings
         self.ahead: set[bytes] = set()  # keys the thread kept and flair has not asked for yet
         self.batches = self.used = 0
 
@@ -43,7 +42,7 @@ class _Item:
 
     def __init__(self, watch_: _Watch, words: list[list[str]]) -> None:
         self.watch, self.words = watch_, words
-        self.keys = [fast_inputs._key(sentence) for sentence in words]
+        self.keys = [key(sentence) for sentence in words]
         self.done = threading.Event()
 
 
@@ -51,18 +50,26 @@ _WATCHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # embedding -
 _WORK: queue.Queue = queue.Queue(maxsize=2)
 _PENDING: list[_Item] = []  # queued or being tokenized
 _THREAD: threading.Thread | None = None
+_AHEAD = False  # this job reads ahead
+_ENCODE: Any = None  # fast_inputs.encode: tokenize sentences into a store
 
 
-def install() -> None:
-    """Give flair's trainer the loader that reads one batch ahead (its module's name only)."""
+def install(encode: Any) -> None:
+    """Give flair's trainer the loader that reads one batch ahead (its module's name only); the thread keeps
+    sentences with ``encode(tokenizer, store, keys, words, settings)``."""
+    global _ENCODE
     import flair.trainers.trainer
 
+    _ENCODE = encode
     if not issubclass(flair.trainers.trainer.DataLoader, _LookAhead):
         flair.trainers.trainer.DataLoader = _look_ahead_type(flair.trainers.trainer.DataLoader)
 
 
-def start_job() -> None:
-    """Forget the last job's embeddings and anything queued for them."""
+def start_job(ahead: bool) -> None:
+    """A job begins: it reads ahead if ``ahead``; the last job's embeddings, and anything queued for them, are
+    forgotten."""
+    global _AHEAD
+    _AHEAD = ahead
     _WATCHED.clear()
     while True:
         try:
@@ -71,11 +78,11 @@ def start_job() -> None:
             return
 
 
-def watch(embedding: Any, settings: Any) -> None:
-    """``embedding`` embeds its data points' own tokens in training: tokenize them ahead for it (from its first
-    use in this job on)."""
-    if embedding not in _WATCHED and fast_inputs.tokenize_ahead():
-        _WATCHED[embedding] = _Watch(embedding, settings)
+def watch(embedding: Any, store: Any, settings: Any) -> None:
+    """``embedding`` embeds its data points' own tokens in training: tokenize them ahead for it, into ``store``
+    with ``settings`` (from its first use in this job on)."""
+    if _AHEAD and embedding not in _WATCHED:
+        _WATCHED[embedding] = _Watch(embedding, store, settings)
 
 
 def count_hits(keys: list[bytes], found: list) -> None:
@@ -134,7 +141,7 @@ def _serve() -> None:
             if missing:
                 chosen = [item.keys[index] for index in missing]
                 words = [item.words[index] for index in missing]
-                fast_inputs.encode(watch_.tokenizer, watch_.store, chosen, words, watch_.settings)
+                _ENCODE(watch_.tokenizer, watch_.store, chosen, words, watch_.settings)
                 watch_.ahead.update(chosen)
             watch_.batches += 1
         finally:
@@ -157,7 +164,7 @@ def _look_ahead_type(loader: type) -> type:
 
         def __iter__(self):
             batches = super().__iter__()
-            if not fast_inputs.tokenize_ahead():
+            if not _AHEAD:
                 yield from batches
                 return
             ahead = next(batches, _END)
