@@ -14,7 +14,7 @@ import pytest
 from conftest import wait_for
 from dask_cluster import LoopbackCluster
 from jupyter_kernel import running_kernel
-from training_jobs import train_sentiment
+from training_jobs import fine_tune_counting_tokenizations, train_sentiment
 
 from flair_nbddp import WorkerError, WorkerPool, launch, start
 from flair_nbddp.synthetic import sentiment_corpus
@@ -210,7 +210,9 @@ def _corpus_sizes(corpus):
     return dist.get_rank(), len(corpus.train), os.getpid()
 
 
-def test_a_pool_on_the_cluster_keeps_its_ranks_and_the_corpus_put_on_it(cluster, client):
+def test_a_pool_on_the_cluster_keeps_its_ranks_the_corpus_put_on_it_and_its_encodings(
+    cluster, client, tmp_path, tiny_model_path
+):
     corpus = sentiment_corpus(n_train=120, n_dev=10, n_test=10, seed=4)
     with WorkerPool(cluster=client) as pool:
         assert "on 2 Dask workers of 2 nodes" in pool.status()
@@ -222,6 +224,11 @@ def test_a_pool_on_the_cluster_keeps_its_ranks_and_the_corpus_put_on_it(cluster,
         assert [rank.pid for rank in first.ranks] == [rank.pid for rank in second.ranks]
         assert {rank.worker for rank in second.ranks} == set(client.nthreads())
         assert len(cluster.kit_processes()) == 2
+        # inputs built once on the cluster too: each sentence tokenized once in 3 epochs, none in the next job
+        tuned = [launch(fine_tune_counting_tokenizations, (ref, tiny_model_path, str(tmp_path / name), "classifier"),
+                        pool=pool, dashboard=False, seed=5) for name in ("first", "again")]  # fmt: skip
+        assert tuned[0].value["encoded"] == tuned[0].value["distinct"] > 0
+        assert tuned[1].value["encoded"] == 0 and tuned[1].history("dev/score") == tuned[0].history("dev/score")
 
 
 def _ok(result):

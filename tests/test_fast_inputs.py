@@ -307,3 +307,18 @@ def test_the_input_thread_stops_for_a_model_that_embeds_other_text_than_its_data
     ours, tokenized = _trained(models["wordpiece"], tmp_path / "ahead", enabled=True, ahead=True, kind="pairs")
     assert all(torch.equal(a, b) for a, b in zip(ours, flairs, strict=True))
     assert tokenized["ahead"] == 0  # a pair is not a sentence: nothing foreseen
+
+
+def test_the_input_thread_stops_for_an_embedding_after_three_batches_flair_never_asked_for(models, fast):
+    from flair_nbddp.worker.kept_inputs import key
+
+    embedding = TransformerDocumentEmbeddings(models["wordpiece"])
+    fast_inputs.start_job(True, ahead=True)
+    settings = fast_inputs._settings(embedding)
+    input_thread.watch(embedding, fast_inputs.store_for(embedding.tokenizer, settings), settings)
+    sentences = _sentences("text", count=40)
+    for start in range(0, 40, 5):  # batches whose sentences flair never embeds (it would embed other text)
+        batch = sentences[start : start + 5]
+        input_thread.foresee(batch)
+        input_thread.wait_for([key([token.text for token in sentence.tokens]) for sentence in batch])
+    assert fast_inputs.kept_sentences() == 15
