@@ -9,6 +9,7 @@ from conftest import python_program
 from flair_nbddp.wire import payload
 
 
+@pytest.mark.process
 def test_function_from_a_fileless_main_travels_by_value(tmp_path):
     path = tmp_path / "payload.pkl"
     python_program(
@@ -33,6 +34,7 @@ print(fn(*args, **kwargs))
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
+@pytest.mark.process
 def test_corpus_captured_in_a_closure_travels_through_the_codec(tmp_path):
     # span labels cannot be pickled in flair 0.15.1: arriving intact means the closure's corpus took the codec
     path = tmp_path / "payload.pkl"
