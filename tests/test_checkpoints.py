@@ -1,0 +1,91 @@
+"""Full checkpoints: a training resumed from an epoch's checkpoint ends as the uninterrupted training did, bit for bit;
+a checkpoint file is whole or absent, and one that changed is refused."""
+
+from __future__ import annotations
+
+import shutil
+
+import flair
+import pytest
+import torch
+from flair.embeddings import DocumentRNNEmbeddings, OneHotEmbeddings, TransformerDocumentEmbeddings
+from flair.models import TextClassifier
+from flair.trainers import ModelTrainer
+from flair.trainers.plugins import TrainerPlugin
+
+from flair_nbddp.synthetic import sentiment_corpus
+from flair_nbddp.worker import checkpoints
+
+
+class _Scores(TrainerPlugin):
+    """Each epoch's training loss, dev loss and dev score, as flair records them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[str, list] = {}
+
+    @TrainerPlugin.hook
+    def metric_recorded(self, record) -> None:
+        name = "/".join(record.name)
+        if name in ("train/loss", "dev/loss", "dev/score", "bad_epochs"):
+            self.seen.setdefault(name, []).append((record.global_step, record.value))
+
+
+def _train(kind: str, model_path: str, base, resume=None, keep_at=None):
+    """A 4-epoch training, from scratch or resumed; its curves, test score and final weights. ``keep_at``:
+    copy the checkpoint (and best model) written at that epoch's end to ``base / "kept"``."""
+    flair.set_seed(7)
+    corpus = sentiment_corpus(n_train=48, n_dev=16, n_test=16, seed=7)
+    dictionary = corpus.make_label_dictionary("sentiment", add_unk=False)
+    if resume is not None:
+        flair.set_seed(99)  # a resumed training's own start draws elsewhere: the checkpoint decides
+    if kind == "transformer":  # fine_tune: AdamW and a linear schedule with warm-up
+        model = TextClassifier(TransformerDocumentEmbeddings(model_path), "sentiment", label_dictionary=dictionary)
+    else:  # train: SGD, annealing on plateau, dropout
+        embedding = DocumentRNNEmbeddings([OneHotEmbeddings.from_corpus(corpus)], hidden_size=16, dropout=0.3)
+        model = TextClassifier(embedding, "sentiment", label_dictionary=dictionary)
+
+    def saved(epoch, path, sha256):
+        if epoch == keep_at:
+            (base / "kept").mkdir()
+            shutil.copy(path, base / "kept" / path.name)
+            if (base / "best-model.pt").exists():
+                shutil.copy(base / "best-model.pt", base / "kept" / "best-model.pt")
+
+    plugin = checkpoints.Checkpointing(base / checkpoints.NAME, 0, lambda value: [value], saved, resume=resume)
+    scores = _Scores()
+    trainer = ModelTrainer(model, corpus)
+    common = dict(max_epochs=4, mini_batch_size=8, epoch=plugin.start_epoch, plugins=[scores, plugin])
+    if kind == "transformer":
+        result = trainer.fine_tune(base, learning_rate=5e-3, **common)
+    else:
+        # embeddings_storage_mode="none": a checkpoint does not yet keep the embeddings flair stores on sentences
+        result = trainer.train(base, learning_rate=2.0, patience=0, anneal_factor=0.5, embeddings_storage_mode="none",
+                               **common)  # fmt: skip
+    return scores.seen, result["test_score"], [weights.clone() for weights in model.state_dict().values()]
+
+
+@pytest.mark.parametrize("kind", ["transformer", "rnn"])
+def test_a_training_resumed_from_an_epochs_checkpoint_ends_as_the_uninterrupted_one(kind, tiny_model_path, tmp_path):
+    whole = tmp_path / "whole"
+    curves, test_score, weights = _train(kind, tiny_model_path, whole, keep_at=2)
+    resumed_base = tmp_path / "resumed"
+    shutil.copytree(whole / "kept", resumed_base)  # as the interrupted training left its directory
+    checkpoint = checkpoints.read(resumed_base / checkpoints.NAME)
+    assert checkpoint["epoch"] == 2 and checkpoint["steps"] == 2 * 6
+    resumed_curves, resumed_test_score, resumed_weights = _train(kind, tiny_model_path, resumed_base, resume=checkpoint)
+    assert {name: values[2:] for name, values in curves.items()} == resumed_curves  # epochs 3 and 4, bit for bit
+    assert resumed_test_score == test_score
+    assert all(torch.equal(a, b) for a, b in zip(weights, resumed_weights, strict=True))
+    if kind == "rnn":
+        assert any(value > 0 for _, value in curves["bad_epochs"])  # the annealing's state mattered
+
+
+def test_a_checkpoint_is_whole_or_absent_and_one_that_changed_is_refused(tmp_path):
+    path = tmp_path / checkpoints.NAME
+    sha256 = checkpoints.write(path, {"format": checkpoints.FORMAT, "epoch": 1})
+    assert checkpoints.read(path, sha256)["epoch"] == 1
+    assert [file.name for file in tmp_path.iterdir()] == [checkpoints.NAME]  # no partial file left beside it
+    path.write_bytes(path.read_bytes()[:-10])  # cut short, as by a full disk outside the kit
+    with pytest.raises(ValueError, match="sha256 differs"):
+        checkpoints.read(path, sha256)
