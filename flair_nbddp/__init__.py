@@ -11,6 +11,7 @@ from typing import Any
 from ._version import __version__ as __version__  # the explicit re-export form
 from .api import launch, launch_distributed, start
 from .errors import (
+    CheckpointWriteError,
     ClusterError,
     ConfigurationError,
     CorpusMismatchError,
@@ -25,6 +26,7 @@ from .errors import (
     PayloadWriteError,
     PoolClosedError,
     PoolRefError,
+    ResumeError,
     RunActiveError,
     RunError,
     RunHangError,
@@ -42,12 +44,14 @@ from .notebook.compare import compare
 from .notebook.panel import TrainingPanel
 from .options import RunOptions
 from .pool import WorkerPool
-from .result import RunResult
+from .result import Checkpoint, RunResult
 from .run import Run, runs
 from .wire.pool_ref import PoolRef
 from .worker.ddp_exec import RankResult
 
 __all__ = [
+    "Checkpoint",
+    "CheckpointWriteError",
     "ClusterError",
     "ConfigurationError",
     "CorpusMismatchError",
@@ -64,6 +68,7 @@ __all__ = [
     "PoolRef",
     "PoolRefError",
     "RankResult",
+    "ResumeError",
     "Run",
     "RunActiveError",
     "RunError",

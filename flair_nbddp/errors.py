@@ -118,6 +118,15 @@ class PoolRefError(FlairNbddpError, RuntimeError):
     """A :class:`~flair_nbddp.PoolRef` that was released, or whose pool was closed, was given to a run."""
 
 
+class CheckpointWriteError(FlairNbddpError, OSError):
+    """A full checkpoint could not be written (a full disk, a directory gone); the message names the file."""
+
+
+class ResumeError(ConfigurationError):
+    """A run cannot resume from the run it names: no checkpoint, another function or corpus, a changed file, or
+    another number of processes; the message says which and the fix."""
+
+
 class CorpusMismatchError(FlairNbddpError, RuntimeError):
     """The corpus bytes a worker read differ from the ones the notebook packed."""
 

@@ -14,7 +14,7 @@ Example:
     >>> RunOptions.of({"proceses": 2})
     Traceback (most recent call last):
     ...
-    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs, precision
+    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs, precision, resume, resume_force
 """
 
 from __future__ import annotations
@@ -158,6 +158,19 @@ class RunOptions:
         "(:mod:`flair_nbddp.worker.precision`).", flag={"choices": PRECISIONS},
     )  # fmt: skip
 
+    resume: Any = _option(
+        None, "continue from the last full checkpoint of an earlier run of the same function (every epoch's end "
+        "is one): its :class:`~flair_nbddp.RunResult`, its ledger record or id, or ``\"last\"`` (this function's "
+        "last run that wrote one); flair's trainer goes on from the epoch after it, with the saved model, optimizer, "
+        "schedule and random generators, so the curves are those of an uninterrupted run. Refused "
+        "(:class:`~flair_nbddp.ResumeError`) for another function, corpus or number of processes.",
+        flag={"metavar": "ID", "nargs": "?", "const": "last"},
+    )  # fmt: skip
+    resume_force: bool = _option(
+        False, "resume even though the function's source or the corpus changed since the run resumed from.",
+        flag={"name": "--resume-force", "const": True},
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
         if self.gpus is not None:
             object.__setattr__(self, "gpus", tuple(self.gpus))
@@ -202,7 +215,8 @@ class RunOptions:
         return {name: getattr(self, name) for name in option_names() if name not in _RECORDED_APART}
 
 
-_RECORDED_APART = ("processes", "device", "gpus", "cluster", "dashboard", "run_dir", "seed")  # as devices, dir, seed
+_RECORDED_APART = ("processes", "device", "gpus", "cluster", "dashboard", "run_dir", "seed", "resume", "resume_force")
+# ...as its devices, directory, seed and the run it resumed from
 
 
 def option_names() -> tuple[str, ...]:
@@ -234,7 +248,7 @@ def magic_flags(ddp_exec: bool = False) -> list[Flag]:
         keywords = {key: value for key, value in flag.items() if key != "name"}
         seconds = f" (default {spec.default:g})" if isinstance(spec.default, float) else ""
         keywords["help"] = _plain(spec.metadata["doc"]) + seconds
-        if "const" in flag:  # a switch that turns a default off
+        if "const" in flag and "nargs" not in flag:  # a switch that turns a default off (or on)
             keywords.update(action="store_const", default=spec.default)
         else:
             keywords["default"] = spec.default

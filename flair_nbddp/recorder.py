@@ -57,7 +57,7 @@ class RunRecorder:
     Example::
 
         recorder = RunRecorder(Provenance("launch"), Ledger.default())
-        recorder.begin(run, fn, args, kwargs, digests)   # once the call is packed
+        recorder.begin(run, recorder.describe(run, fn, args, kwargs, digests))   # once the call is packed
         recorder.flush(run.state)                        # from the supervisor's loop
         recorder.end(run, result)
     """
@@ -68,21 +68,23 @@ class RunRecorder:
         self.problem: str | None = None
         self._run_dir = "?"  # names the run in a warning
         self._cursor = 0  # metric points of the run's state already written
+        self._checkpoints_written = 0
         self._flushed_at = 0.0
         self._flushing = True  # until a flush fails for another cause than a busy file
         self._ended = False
         self._lock = threading.Lock()  # the supervisor's flushes and the end never interleave
 
-    def begin(self, run: Any, fn: Callable, args: tuple, kwargs: dict, digests: dict[int, str]) -> None:
-        """Add the run's row: code, parameters (corpora by size and hash), options, devices, versions."""
+    def begin(self, run: Any, record: RunRecord) -> None:
+        """Add the run's row (:meth:`describe`'s record)."""
         self._run_dir = str(run.run_dir)
 
         def insert(ledger: Ledger) -> None:
-            self.id = ledger.insert(self._new_record(run, fn, args, kwargs, digests))
+            self.id = ledger.insert(record)
 
         self._write(insert)
 
-    def _new_record(self, run: Any, fn: Callable, args: tuple, kwargs: dict, digests: dict[int, str]) -> RunRecord:
+    def describe(self, run: Any, fn: Callable, args: tuple, kwargs: dict, digests: dict[int, str]) -> RunRecord:
+        """The run as its row begins: code, parameters (corpora by size and hash), options, devices, versions."""
         provenance = self.provenance
         if provenance.source is None:
             source, source_hash = source_of(fn)
@@ -113,15 +115,17 @@ class RunRecorder:
                 return
             self._flushed_at = time.monotonic()
             points, cursor = state.metrics_since(self._cursor)
-            if not points:
+            checkpoints = state.checkpoints  # a run whose kernel dies can be resumed from what was recorded
+            new_checkpoints = _checkpoints(checkpoints) if len(checkpoints) > self._checkpoints_written else None
+            if not points and new_checkpoints is None:
                 return
 
             def append(ledger: Ledger) -> None:
-                ledger.append_metrics(self.id, points, BUSY_FLUSH_SECONDS, attempts=1)
+                ledger.append_metrics(self.id, points, BUSY_FLUSH_SECONDS, attempts=1, checkpoints=new_checkpoints)
 
             outcome = self._write(append, busy_ok=True)
             if outcome:
-                self._cursor = cursor
+                self._cursor, self._checkpoints_written = cursor, len(checkpoints)
             elif outcome is None:  # not busy: something else is wrong; the end is still tried
                 self._flushing = False
 
@@ -137,6 +141,7 @@ class RunRecorder:
                 "ranks": [{name: getattr(rank, name) for name in RANK_FIELDS} for rank in result.ranks],
                 "checkpoint": None if result.checkpoint is None else str(result.checkpoint),
                 "models": [str(path) for path in result.models], "elapsed": result.elapsed,
+                "checkpoints": _checkpoints(result.checkpoints),
                 "samples_per_second": result.samples_per_second, "time_to_first_batch": result.time_to_first_batch,
             }  # fmt: skip
             ledger.end(self.id, result.metrics[self._cursor :], **fields)
@@ -146,7 +151,7 @@ class RunRecorder:
     def start_failed(self, run: Any, call: tuple | None, error: BaseException) -> None:
         """Record a run that never got going (its call could not be packed, or its workers not started)."""
         if self.id is None and call is not None:
-            self.begin(run, *call, {})
+            self.begin(run, self.describe(run, *call, {}))
         self._end(lambda ledger: ledger.end(self.id, status="failed", updated_at=time.time(), error=error_summary(error)))
 
     def _end(self, write: Callable[[Ledger], None]) -> None:
@@ -173,3 +178,8 @@ class RunRecorder:
             self.problem = f"{cause}. This run ({self._run_dir}) goes on, {missing}."
             warnings.warn(LedgerWarning(self.problem), stacklevel=3)
         return None
+
+
+def _checkpoints(checkpoints: Any) -> list[dict]:
+    """Full checkpoints as the ledger keeps them: ``[{"epoch", "path", "sha256"}]``."""
+    return [{"epoch": epoch, "path": str(path), "sha256": sha256} for epoch, path, sha256 in checkpoints]

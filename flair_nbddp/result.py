@@ -7,9 +7,18 @@ import math
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .state import MetricPoint, RankInfo
+
+
+class Checkpoint(NamedTuple):
+    """A full checkpoint rank 0 wrote: the epoch it ends, the file, the file's sha256 when it was written."""
+
+    epoch: int
+    path: Path
+    sha256: str
+
 
 SCORE_METRICS = ("dev/score", "train/loss")
 
@@ -56,6 +65,8 @@ class RunResult:
             during this run there; ``log_starts`` where this run's output begins in each.
         checkpoint: where the model was saved when the run was stopped (``status == "stopped"``).
         models: every model file flair saved on rank 0 (``final-model.pt``, ``best-model.pt``...), absolute.
+        checkpoints: every full checkpoint rank 0 wrote, one per finished epoch, in order (each replaced the one
+            before in the same file); a later run continues from the last with ``launch(..., resume=result)``.
         error: the failure (WorkerError, RunTimeoutError, RunHangError) when ``status == "failed"``.
         record_id: the run's id in the run ledger (:func:`flair_nbddp.history`); None when it was not recorded.
 
@@ -85,6 +96,7 @@ class RunResult:
     log_starts: dict[int, int] = field(default_factory=dict)
     models: list[Path] = field(default_factory=list)
     record_id: int | None = None
+    checkpoints: list[Checkpoint] = field(default_factory=list)
 
     @classmethod
     def from_run(cls, run: Any, value: Any, error: Exception | None) -> RunResult:
@@ -112,6 +124,7 @@ class RunResult:
             error=error,
             models=[Path(path) for path in snapshot.models],
             record_id=run.record_id,
+            checkpoints=[Checkpoint(epoch, Path(path), sha256) for epoch, path, sha256 in snapshot.checkpoints],
         )
 
     @property

@@ -38,6 +38,7 @@ from .ledger.store import Ledger
 from .options import RunOptions
 from .rank_output import RankOutput
 from .recorder import RunRecorder
+from .resume import resume_point
 from .result import RunResult
 from .rundir import RunDir
 from .state import RunState
@@ -219,12 +220,20 @@ class Run:
             if preload and prepare is not None:  # a corpus takes seconds to pack: new workers start meanwhile
                 prepare(self.dir, preload)
             packed = payload.write_payload(self.dir.payload, fn, args, kwargs)
-            self._recorder.begin(self, fn, args, kwargs, packed.digests)
+            record = self._recorder.describe(self, fn, args, kwargs, packed.digests)
+            point = None
+            if self.options.resume is not None:  # refused here, before any worker takes the job
+                point = resume_point(self.options.resume, record, self.plan.world_size, self.options.resume_force,
+                                     self._recorder.ledger)  # fmt: skip
+                record.resumed_from = point.record_id
+                print(f"flair_nbddp: {point.describe()}")
+            self._recorder.begin(self, record)
             self._call = None
             job = Job(
                 str(self.dir.payload), str(self.dir.result), self.seed, str(self.run_dir),
                 distributed_eval=self.options.distributed_eval, lazy_corpus=self.options.lazy_corpus,
                 fast_inputs=self.options.fast_inputs, precision=self.options.precision,
+                resume=point.path if point else "", resume_sha256=point.sha256 if point else "",
             )
             self._acquiring = True  # from here on the ranks may hold the job, even if acquire() never returns
             self.group = self.source.acquire(job)  # all or nothing: a source that raises has cleaned up

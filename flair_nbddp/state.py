@@ -26,6 +26,7 @@ from .wire.events import (
     Finished,
     Heartbeat,
     Metric,
+    CheckpointSaved,
     ModelsSaved,
     Progress,
     ResultReady,
@@ -91,6 +92,7 @@ class Snapshot:
     stop_requested: bool
     checkpoint: str | None
     models: tuple[str, ...] = ()  # the model files flair saved on rank 0 (absolute paths)
+    checkpoints: tuple[tuple[int, str, str], ...] = ()  # (epoch, path, sha256) of each full checkpoint, in order
 
     @property
     def elapsed(self) -> float:
@@ -173,6 +175,7 @@ class RunState:
     stop_requested: bool = False
     checkpoint: str | None = None
     models: tuple[str, ...] = ()
+    checkpoints: tuple[tuple[int, str, str], ...] = ()
     max_log_lines: int = 20_000
     rank_tail_lines: int = 200
 
@@ -228,6 +231,8 @@ class RunState:
                 self.failure = self.failure or event
             elif isinstance(event, Stopped):
                 self.checkpoint = event.checkpoint
+            elif isinstance(event, CheckpointSaved):
+                self.checkpoints = (*self.checkpoints, (event.epoch, event.path, event.sha256))
             elif isinstance(event, ModelsSaved):
                 self.models = tuple(dict.fromkeys([*self.models, *event.paths]))
             elif isinstance(event, Finished):
@@ -332,4 +337,5 @@ class RunState:
                 stop_requested=self.stop_requested,
                 checkpoint=self.checkpoint,
                 models=self.models,
+                checkpoints=self.checkpoints,
             )

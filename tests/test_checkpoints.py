@@ -13,8 +13,9 @@ from flair.models import TextClassifier
 from flair.trainers import ModelTrainer
 from flair.trainers.plugins import TrainerPlugin
 
+from flair_nbddp import ResumeError
 from flair_nbddp.synthetic import sentiment_corpus
-from flair_nbddp.worker import checkpoints
+from flair_nbddp.worker import checkpoint_files, checkpoints
 
 
 class _Scores(TrainerPlugin):
@@ -52,7 +53,7 @@ def _train(kind: str, model_path: str, base, resume=None, keep_at=None):
             if (base / "best-model.pt").exists():
                 shutil.copy(base / "best-model.pt", base / "kept" / "best-model.pt")
 
-    plugin = checkpoints.Checkpointing(base / checkpoints.NAME, 0, lambda value: [value], saved, resume=resume)
+    plugin = checkpoints.Checkpointing(base / checkpoint_files.NAME, 0, lambda value: [value], saved, resume=resume)
     scores = _Scores()
     trainer = ModelTrainer(model, corpus)
     common = dict(max_epochs=4, mini_batch_size=8, epoch=plugin.start_epoch, plugins=[scores, plugin])
@@ -71,7 +72,7 @@ def test_a_training_resumed_from_an_epochs_checkpoint_ends_as_the_uninterrupted_
     curves, test_score, weights = _train(kind, tiny_model_path, whole, keep_at=2)
     resumed_base = tmp_path / "resumed"
     shutil.copytree(whole / "kept", resumed_base)  # as the interrupted training left its directory
-    checkpoint = checkpoints.read(resumed_base / checkpoints.NAME)
+    checkpoint = checkpoint_files.read(resumed_base / checkpoint_files.NAME)
     assert checkpoint["epoch"] == 2 and checkpoint["steps"] == 2 * 6
     resumed_curves, resumed_test_score, resumed_weights = _train(kind, tiny_model_path, resumed_base, resume=checkpoint)
     assert {name: values[2:] for name, values in curves.items()} == resumed_curves  # epochs 3 and 4, bit for bit
@@ -82,10 +83,10 @@ def test_a_training_resumed_from_an_epochs_checkpoint_ends_as_the_uninterrupted_
 
 
 def test_a_checkpoint_is_whole_or_absent_and_one_that_changed_is_refused(tmp_path):
-    path = tmp_path / checkpoints.NAME
-    sha256 = checkpoints.write(path, {"format": checkpoints.FORMAT, "epoch": 1})
-    assert checkpoints.read(path, sha256)["epoch"] == 1
-    assert [file.name for file in tmp_path.iterdir()] == [checkpoints.NAME]  # no partial file left beside it
+    path = tmp_path / checkpoint_files.NAME
+    sha256 = checkpoint_files.write(path, {"format": checkpoint_files.FORMAT, "epoch": 1})
+    assert checkpoint_files.read(path, sha256)["epoch"] == 1
+    assert [file.name for file in tmp_path.iterdir()] == [checkpoint_files.NAME]  # no partial file left beside it
     path.write_bytes(path.read_bytes()[:-10])  # cut short, as by a full disk outside the kit
-    with pytest.raises(ValueError, match="sha256 differs"):
-        checkpoints.read(path, sha256)
+    with pytest.raises(ResumeError, match="sha256 differs"):
+        checkpoint_files.read(path, sha256)

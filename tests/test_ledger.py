@@ -173,7 +173,7 @@ def test_a_run_with_an_unusable_ledger_warns_once_and_goes_on_unrecorded(home, t
     run = _fake_run(tmp_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        recorder.begin(run, len, (), {}, {})
+        recorder.begin(run, recorder.describe(run, len, (), {}, {}))
         run.state.apply(Metric(0, "train/loss", 0.5, 1))
         recorder.flush(run.state)
         recorder.end(run, SimpleNamespace(metrics=[]))
@@ -262,7 +262,7 @@ def test_a_recorded_run_keeps_its_options_devices_versions_and_metrics_in_batche
     monkeypatch.setattr("flair_nbddp.recorder.FLUSH_SECONDS", 0.0)
     recorder = RunRecorder(Provenance("launch"), Ledger.default())
     run = _fake_run(tmp_path)
-    recorder.begin(run, _record, (sentiment_corpus(4, 1, 1),), {"lr": 0.1}, {})
+    recorder.begin(run, recorder.describe(run, _record, (sentiment_corpus(4, 1, 1),), {"lr": 0.1}, {}))
     for epoch in (1, 2):
         run.state.apply(Metric(0, "dev/score", 0.5 * epoch, epoch))
         recorder.flush(run.state)

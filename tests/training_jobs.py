@@ -166,3 +166,28 @@ def fine_tune_noting_dtypes(corpus, model_path: str, base_path: str) -> dict:
                                                    multi_gpu=True)  # fmt: skip
     weights = {str(parameter.dtype) for parameter in model.parameters()}
     return {"test_score": scores["test_score"], "seen": {k: sorted(v) for k, v in seen.items()}, "weights": sorted(weights)}
+
+
+def fine_tune_failing_once(corpus, model_path: str, base_path: str, marker: str) -> dict:
+    """Fine-tune a tiny-transformer classifier for 4 epochs; while the file ``marker`` exists, rank 1 removes it and
+    fails at epoch 3's third batch (as a rank that dies would), after the end of epoch 2 was checkpointed."""
+    import os
+
+    import torch.distributed as dist
+    from flair.embeddings import TransformerDocumentEmbeddings
+    from flair.models import TextClassifier
+    from flair.trainers import ModelTrainer
+    from flair.trainers.plugins import TrainerPlugin
+
+    class FailOnce(TrainerPlugin):
+        @TrainerPlugin.hook
+        def before_training_batch(self, epoch: int, batch_no: int, **_):
+            if epoch == 3 and batch_no == 2 and dist.get_rank() == 1 and os.path.exists(marker):
+                os.remove(marker)
+                raise RuntimeError("rank 1 failed in epoch 3")
+
+    model = TextClassifier(TransformerDocumentEmbeddings(model_path), label_type="sentiment",
+                           label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False))  # fmt: skip
+    scores = ModelTrainer(model, corpus).fine_tune(base_path, max_epochs=4, mini_batch_size=4, learning_rate=5e-3,
+                                                   multi_gpu=True, plugins=[FailOnce()])  # fmt: skip
+    return {"test_score": scores["test_score"]}

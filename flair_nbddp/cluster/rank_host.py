@@ -48,6 +48,7 @@ from ..rundir import RunDir, runs_root
 from ..wire.events import (
     Failed,
     Job,
+    CheckpointSaved,
     ModelsSaved,
     ResultReady,
     Started,
@@ -361,6 +362,8 @@ class _RankHost:
             return dataclasses.replace(event, checkpoint=f"{self.hostname}:{event.checkpoint}")
         if isinstance(event, ModelsSaved):
             return dataclasses.replace(event, paths=tuple(f"{self.hostname}:{path}" for path in event.paths))
+        if isinstance(event, CheckpointSaved):
+            return dataclasses.replace(event, path=f"{self.hostname}:{event.path}")
         if isinstance(event, ResultReady):
             path = Path(event.path)
             data = path.read_bytes()

@@ -38,7 +38,7 @@ from ..state import MetricPoint
 HOME_ENV = "FLAIR_NBDDP_HOME"
 SWITCH_ENV = "FLAIR_NBDDP_LEDGER"
 FILE_NAME = "runs.sqlite"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: checkpoints, resumed_from
 BUSY_SECONDS = 10.0  # how long a write waits for another kernel's
 ATTEMPTS = 3  # a write that still finds the file busy is tried again this many times in all
 ENDED = ("finished", "stopped", "failed", "lost")
@@ -116,6 +116,8 @@ class RunRecord:
             ``dev/score``, ``train/loss``).
         ranks: each rank's last word (pid, device, steps, samples, samples/s, memory, exit code).
         checkpoint, models: the model saved by a stop; every model file flair saved.
+        checkpoints: every full checkpoint rank 0 wrote, ``{"epoch", "path", "sha256"}``, in order (a resume
+            continues from the last); resumed_from: the id of the run this one resumed from (None: none).
         run_dir, elapsed, samples_per_second, time_to_first_batch: as in :class:`~flair_nbddp.RunResult`.
 
     Example::
@@ -150,6 +152,8 @@ class RunRecord:
     ranks: list = field(default_factory=list)
     checkpoint: str | None = None
     models: list = field(default_factory=list)
+    checkpoints: list = field(default_factory=list)
+    resumed_from: int | None = None
     run_dir: str | None = None
     elapsed: float | None = None
     samples_per_second: float | None = None
@@ -185,7 +189,7 @@ class RunRecord:
 
 
 _COLUMNS = [item.name for item in dataclasses.fields(RunRecord) if item.name not in ("id", "ledger")]
-_JSON = {"params", "options", "versions", "final_metrics", "scores", "ranks", "models"}
+_JSON = {"params", "options", "versions", "final_metrics", "scores", "ranks", "models", "checkpoints"}
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY AUTOINCREMENT, {", ".join(_COLUMNS)});
 CREATE INDEX IF NOT EXISTS runs_name ON runs (name, id);
@@ -194,6 +198,18 @@ CREATE INDEX IF NOT EXISTS metrics_run ON metrics (run_id, name);
 """
 _PREPARED: set[Path] = set()  # ledgers this process has created or checked
 _PREPARING = threading.Lock()
+
+
+def _add_new_columns(connection: sqlite3.Connection) -> None:
+    """Bring a ledger an earlier flair_nbddp wrote up to this schema: the columns it lacks (empty in its rows)."""
+    present = {row[1] for row in connection.execute("PRAGMA table_info(runs)")}
+    for name in _COLUMNS:
+        if name not in present:
+            try:
+                connection.execute(f"ALTER TABLE runs ADD COLUMN {name}")
+            except sqlite3.OperationalError as error:  # another process added it meanwhile
+                if "duplicate column" not in str(error):
+                    raise
 
 
 def _insert_points(connection: sqlite3.Connection, run_id: int, points: list[MetricPoint]) -> None:
@@ -250,13 +266,17 @@ class Ledger:
         return self._transaction(write)
 
     def append_metrics(
-        self, run_id: int, points: list[MetricPoint], busy: float = BUSY_SECONDS, attempts: int = ATTEMPTS
-    ) -> None:
-        """Append metric points to run ``run_id`` (and note the time, which dates a lost run's end)."""
+        self, run_id: int, points: list[MetricPoint], busy: float = BUSY_SECONDS, attempts: int = ATTEMPTS,
+        checkpoints: list | None = None,
+    ) -> None:  # fmt: skip
+        """Append metric points to run ``run_id`` (and note the time, which dates a lost run's end); with
+        ``checkpoints``, its full checkpoints so far."""
 
         def write(connection: sqlite3.Connection) -> None:
             _insert_points(connection, run_id, points)
             connection.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (time.time(), run_id))
+            if checkpoints is not None:
+                connection.execute("UPDATE runs SET checkpoints = ? WHERE id = ?", (json.dumps(checkpoints), run_id))
 
         self._transaction(write, busy, attempts)
 
@@ -280,13 +300,19 @@ class Ledger:
         self._transaction(write)
 
     # -- reading ----------------------------------------------------------------------------------
+    def get(self, run_id: int) -> RunRecord | None:
+        """Run ``run_id``'s record (None: the ledger has no such run)."""
+        found = self.records(limit=1, run_id=run_id)
+        return found[0] if found else None
+
     def records(
         self, limit: int | None = 20, status: str | None = None, name: str | None = None, origin: str | None = None,
-        busy: float = BUSY_SECONDS, attempts: int = ATTEMPTS,
+        busy: float = BUSY_SECONDS, attempts: int = ATTEMPTS, run_id: int | None = None,
     ) -> list[RunRecord]:  # fmt: skip
-        """Runs, newest first, filtered by status, name and origin (runs of dead kernels marked lost first);
+        """Runs, newest first, filtered by status, name, origin and id (runs of dead kernels marked lost first);
         ``busy`` and ``attempts`` as for a write (a view passes short ones)."""
-        conditions = [(column, value) for column, value in (("status", status), ("name", name), ("origin", origin))]
+        given = (("status", status), ("name", name), ("origin", origin), ("id", run_id))
+        conditions = [(column, value) for column, value in given]
         conditions = [(column, value) for column, value in conditions if value is not None]
         where = " AND ".join(f"{column} = ?" for column, _ in conditions) or "1"
         values = [value for _, value in conditions] + [-1 if limit is None else int(limit)]
@@ -312,7 +338,8 @@ class Ledger:
         return [MetricPoint(*row) for row in self._transaction(read, write=False)]
 
     def _record(self, row: dict[str, Any]) -> RunRecord:
-        values = {name: json.loads(value) if name in _JSON and value is not None else value for name, value in row.items()}
+        values = {name: json.loads(value) if name in _JSON else value for name, value in row.items()
+                  if not (name in _JSON and value is None)}  # an older ledger's row: the field's default  # fmt: skip
         return RunRecord(**{name: value for name, value in values.items() if name in _COLUMNS or name == "id"}, ledger=self)
 
     # -- the file ---------------------------------------------------------------------------------
@@ -387,8 +414,10 @@ class Ledger:
                             f"one reads {SCHEMA_VERSION}): upgrade flair_nbddp, or point {HOME_ENV} at another directory"
                         )
                     connection.execute("PRAGMA journal_mode = WAL")
-                    stamp = f"PRAGMA user_version = {SCHEMA_VERSION};" if version == 0 else ""
-                    connection.executescript(_SCHEMA + stamp)
+                    connection.executescript(_SCHEMA)
+                    if version < SCHEMA_VERSION:
+                        _add_new_columns(connection)
+                        connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             except (sqlite3.Error, OSError) as error:
                 raise self._explain(error) from error
             _PREPARED.add(self.path)

@@ -52,8 +52,8 @@ class Job:
     directory each rank writes its output to (``rank<r>.log``) while the job runs, whether the ranks
     share out flair's evaluations (:mod:`flair_nbddp.worker.distributed_eval`), whether corpora stay compact until
     read (:mod:`flair_nbddp.wire.lazy_corpus`), whether transformer inputs are built once per sentence
-    (:mod:`flair_nbddp.worker.fast_inputs`), the arithmetic of training (:mod:`flair_nbddp.worker.precision`), and
-    the objects put on the pool that the workers may keep
+    (:mod:`flair_nbddp.worker.fast_inputs`), the arithmetic of training (:mod:`flair_nbddp.worker.precision`), the
+    checkpoint it resumes from (:mod:`flair_nbddp.worker.checkpoints`), and the objects put on the pool that the workers may keep
     (:meth:`flair_nbddp.WorkerPool.put`)."""
 
     payload: str
@@ -64,6 +64,8 @@ class Job:
     lazy_corpus: bool = True
     fast_inputs: bool = True
     precision: str = "fp32"
+    resume: str = ""  # a checkpoint its first training continues from ("": none), and the file's sha256
+    resume_sha256: str = ""
     shared: tuple[str, ...] = ()
     key: str = field(default_factory=lambda: uuid.uuid4().hex)  # names this job in the ranks' shared store
 
@@ -124,6 +126,16 @@ class Stopped(Event):
     """The ranks agreed to stop at a batch boundary; rank 0 names where the model is saved."""
 
     checkpoint: str
+
+
+@dataclass(frozen=True)
+class CheckpointSaved(Event):
+    """Rank 0 wrote a full checkpoint at the end of ``epoch`` (:mod:`flair_nbddp.worker.checkpoints`): the file and
+    its sha256."""
+
+    epoch: int
+    path: str
+    sha256: str
 
 
 @dataclass(frozen=True)

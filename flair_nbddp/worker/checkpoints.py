@@ -11,72 +11,29 @@ the previous stays until the new one is complete; its sha256 goes to the noteboo
 Given a checkpoint, the same plugin resumes: flair's trainer starts after the checkpoint's epoch (its own
 ``epoch=`` argument), and as its first epoch begins (flair's optimizer and every plugin's scheduler built, nothing
 drawn since) every rank loads the saved states into them and its own generators, so the epoch draws what it would
-have drawn. flair decides "best so far" from 0
-again in a resumed training; the plugin keeps the checkpoint's best and lets flair overwrite ``best-model.pt``
-only with a better model, as the uninterrupted training would have.
+have drawn. flair decides "best so far" from 0 again in a resumed training; the plugin keeps the checkpoint's best
+and lets flair overwrite ``best-model.pt`` only with a better model, as the uninterrupted training would have.
+
+Training goes on while a checkpoint is written: the states are copied to host memory at the epoch's end and a
+thread writes the file; the next checkpoint, and the end of training, wait for it.
 
 Nothing here draws a random number: a training with checkpoints is the same training.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-import os
-import random
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from flair.trainers.plugins import TrainerPlugin
 
-FORMAT = 1
-NAME = "checkpoint.pt"
+from ..errors import CheckpointWriteError
+from .checkpoint_files import FORMAT, generators, set_generators, write
+
 _PLAIN = (bool, int, float, str, type(None))
-
-
-def generators() -> dict[str, Any]:
-    """This process's random number generators: python's, numpy's, torch's and (where there is one) CUDA's."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_generators(state: dict[str, Any]) -> None:
-    """Put this process's generators back as :func:`generators` found them."""
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def write(path: Path, checkpoint: dict[str, Any]) -> str:
-    """Write ``checkpoint`` to ``path`` whole or not at all; its sha256."""
-    buffer = io.BytesIO()
-    torch.save(checkpoint, buffer)
-    data = buffer.getvalue()
-    partial = path.with_name(f".{path.name}.partial")
-    with open(partial, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(partial, path)
-    return hashlib.sha256(data).hexdigest()
-
-
-def read(path: Path, sha256: str | None = None) -> dict[str, Any]:
-    """The checkpoint at ``path``; with ``sha256``, only if the file is the one written (else ``ValueError``)."""
-    data = Path(path).read_bytes()
-    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-        raise ValueError(f"{path} is not the checkpoint the run wrote (its sha256 differs): it was changed or cut")
-    checkpoint = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-    if checkpoint.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a flair_nbddp checkpoint of format {FORMAT}")
-    return checkpoint
 
 
 class Checkpointing(TrainerPlugin):
@@ -99,6 +56,8 @@ class Checkpointing(TrainerPlugin):
         self._best: float | None = None
         self._higher_is_better = True
         self._written_for = -1
+        self._writer: threading.Thread | None = None
+        self._write_error: BaseException | None = None
 
     @property
     def _checkpoint(self) -> dict[str, Any] | None:
@@ -160,6 +119,7 @@ class Checkpointing(TrainerPlugin):
     @TrainerPlugin.hook
     def _training_finally(self, **_: Any) -> None:
         self.trainer.__dict__.pop("_save_model", None)  # flair's own method again
+        self.finish_writing()
 
     def _write(self, epoch: int) -> None:
         if epoch == self._written_for:
@@ -168,7 +128,7 @@ class Checkpointing(TrainerPlugin):
         states = self._gather(generators())
         if self._rank != 0:
             return
-        checkpoint = {
+        checkpoint = _on_host({
             "format": FORMAT,
             "epoch": epoch,
             "steps": self._steps,
@@ -177,8 +137,26 @@ class Checkpointing(TrainerPlugin):
             "optimizer": self.trainer.optimizer.state_dict(),
             "plugins": self._plugin_states(),
             "generators": states,
-        }
-        self._saved(epoch, self._path, write(self._path, checkpoint))
+        })  # fmt: skip
+        self.finish_writing()
+        self._writer = threading.Thread(target=self._write_file, args=(epoch, checkpoint), daemon=True,
+                                        name="flair_nbddp-checkpoint")  # fmt: skip
+        self._writer.start()
+
+    def _write_file(self, epoch: int, checkpoint: dict[str, Any]) -> None:
+        try:
+            self._saved(epoch, self._path, write(self._path, checkpoint))
+        except BaseException as error:  # noqa: BLE001 - raised in the training's thread by finish_writing
+            self._write_error = error
+
+    def finish_writing(self) -> None:
+        """Wait for the checkpoint being written; raise what stopped it being written."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        if self._write_error is not None:
+            error, self._write_error = self._write_error, None
+            raise CheckpointWriteError(f"the checkpoint {self._path} could not be written: {error}") from error
 
     def _restore(self, checkpoint: dict[str, Any]) -> None:
         self.trainer.model.load_state_dict(checkpoint["model"])
@@ -207,6 +185,17 @@ class Checkpointing(TrainerPlugin):
             if schedulers:
                 states[name] = {**{name: value for name, value in attributes.items() if _plain(value)}, **schedulers}
         return states
+
+
+def _on_host(value: Any) -> Any:
+    """``value`` with every tensor copied to host memory (training changes the originals in place)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: _on_host(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_host(item) for item in value)
+    return value
 
 
 def _scheduler(value: Any) -> bool:

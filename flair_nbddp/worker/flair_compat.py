@@ -35,16 +35,18 @@ from flair.trainers.plugins import TrainerPlugin
 from flair.trainers.plugins.base import TrainingInterrupt
 from flair.trainers.plugins.metric_records import MetricRecord
 
-from ..errors import MissingMultiGpuError
+from ..errors import MissingMultiGpuError, ResumeError
 from ..wire.events import (
     STOP_REQUESTED,
+    CheckpointSaved,
     EventSender,
     Metric,
     ModelsSaved,
     Progress,
     Stopped,
 )
-from . import ddp_exec
+from . import checkpoint_files, ddp_exec
+from .checkpoints import Checkpointing
 from .counters import TrainingCounters
 
 SAVED_MODELS: list[Path] = []  # model files flair wrote during the current job, newest last
@@ -279,6 +281,32 @@ def bend_flair_launcher_for_cpu(processes: int) -> None:
     allow_cpu_ddp()
 
 
+def _checkpointing(sender: EventSender, rank: int, world_size: int, control_group: Any) -> Any:
+    """The plugin writing this training's full checkpoints (and resuming the job's first training from one), or
+    None where the job writes none."""
+    directory = checkpoint_files.job_directory()
+    if directory is None:
+        return None
+    resume = checkpoint_files.take_resume()
+    if resume is not None and len(resume["generators"]) != world_size:
+        raise ResumeError(
+            f"the checkpoint was written by {len(resume['generators'])} ranks and {world_size} run now: each rank "
+            "resumes its own random generators"
+        )
+
+    def gather(value: Any) -> list:
+        if control_group is None:
+            return [value]
+        values: list = [None] * world_size
+        dist.all_gather_object(values, value, group=control_group)
+        return values
+
+    def saved(epoch: int, path: Path, sha256: str) -> None:
+        sender.send(CheckpointSaved(0, epoch, str(path.resolve()), sha256))
+
+    return Checkpointing(directory / checkpoint_files.NAME, rank, gather, saved, resume)
+
+
 def instrument_trainer(
     sender: EventSender, rank: int, world_size: int, counters: TrainingCounters, control_group: Any
 ) -> None:
@@ -295,9 +323,13 @@ def instrument_trainer(
                 "each rank would train on the whole corpus on its own. Add multi_gpu=True to the call."
             )
         streaming = StreamingPlugin(sender, rank, counters, control_group)
+        checkpointing = _checkpointing(sender, rank, world_size, control_group)
+        if checkpointing is not None and checkpointing.start_epoch:
+            kwargs["epoch"] = checkpointing.start_epoch  # flair's own argument: the epoch it goes on after
+        ours = [streaming] if checkpointing is None else [streaming, checkpointing]
         ddp_exec.training(True)  # an interrupt of a %%ddp_exec cell waits for the same-batch stop
         try:
-            scores = original(self, *args, multi_gpu=multi_gpu, plugins=[*(plugins or []), streaming], **kwargs)
+            scores = original(self, *args, multi_gpu=multi_gpu, plugins=[*(plugins or []), *ours], **kwargs)
         finally:
             ddp_exec.training(False)
         if streaming.stopped and ddp_exec.in_cell():

@@ -54,7 +54,7 @@ from ..wire.events import (
     Started,
     WorkerSpec,
 )
-from . import ddp_exec, distributed_eval, fast_inputs, precision
+from . import checkpoint_files, ddp_exec, distributed_eval, fast_inputs, precision
 from .counters import TrainingCounters
 
 HEARTBEAT_SECONDS = 1.0
@@ -383,6 +383,7 @@ def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) ->
         distributed_eval.start_job(f"flair_nbddp/{job.key}", job.distributed_eval)
         fast_inputs.start_job(job.fast_inputs)
         precision.start_job(job.precision)
+        checkpoint_files.start_job(job.run_dir, job.resume, job.resume_sha256)
         try:
             value = fn(*args, **kwargs)
         finally:

@@ -1,0 +1,123 @@
+"""Which checkpoint a run resumes from, checked before any worker takes the job.
+
+``launch(fn, args, resume=...)`` names an earlier run: its :class:`~flair_nbddp.RunResult`, its ledger record
+(:class:`~flair_nbddp.RunRecord`) or that record's id, or ``"last"`` (the last run of a function of the same
+name that wrote a checkpoint). :func:`resume_point` finds that run's last full checkpoint in the ledger and
+refuses, with :class:`~flair_nbddp.ResumeError` naming the cause and the fix, a run that wrote none, a file that
+is gone or is not the one written (its sha256), another number of processes (each rank resumes its own random
+generators), and, unless ``resume_force``, another function (its source's sha256) or another corpus (the sha256s of
+the corpora shipped).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ResumeError
+from .ledger.store import Ledger, RunRecord
+from .result import RunResult
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a run continues from: the run that wrote it, the epoch it ends, the file and its sha256."""
+
+    record_id: int
+    epoch: int
+    path: str
+    sha256: str
+
+    def describe(self) -> str:
+        """The line the cell shows as the run starts."""
+        return f"resuming run #{self.record_id} from the end of epoch {self.epoch} ({self.path})"
+
+
+def resume_point(resume: Any, new: RunRecord, world_size: int, force: bool, ledger: Ledger | None) -> ResumePoint:
+    """The checkpoint ``new`` (the run about to start, as the ledger will record it) continues from.
+
+    Raises:
+        ResumeError: see the module's description.
+    """
+    earlier = _earlier_run(resume, new.name, ledger)
+    if not earlier.checkpoints:
+        raise ResumeError(
+            f"run #{earlier.id} ({earlier.name}, {earlier.status}) wrote no checkpoint: it ended before its first "
+            "epoch did, or trained with flair_nbddp older than its checkpoints. Start the run afresh."
+        )
+    last = earlier.checkpoints[-1]
+    path = Path(last["path"])
+    if not path.is_file():
+        raise ResumeError(
+            f"run #{earlier.id}'s checkpoint {path} is gone (its run directory was removed?): it cannot be resumed"
+        )
+    if _sha256(path) != last["sha256"]:
+        raise ResumeError(
+            f"{path} is not the checkpoint run #{earlier.id} wrote at the end of epoch {last['epoch']} (its sha256 "
+            "differs: changed or cut since); it is never read. Start the run afresh."
+        )
+    if earlier.world_size != world_size:
+        raise ResumeError(
+            f"run #{earlier.id} ran {earlier.world_size} processes and this one would run {world_size}: each rank "
+            f"resumes its own random generators. Resume with processes={earlier.world_size}."
+        )
+    if not force:
+        if earlier.source_hash != new.source_hash:
+            raise ResumeError(
+                f"the function's source differs from run #{earlier.id}'s ({earlier.name}): a resume continues the same "
+                "training. Resume with the same function, or pass resume_force=True (--resume-force) to continue "
+                "with this one."
+            )
+        if _corpus_digests(earlier.params) != _corpus_digests(new.params):
+            raise ResumeError(
+                f"the corpus differs from run #{earlier.id}'s (its sha256 as shipped): a resume continues the same "
+                "training. Resume with the same corpus, or pass resume_force=True (--resume-force) to continue "
+                "with this one."
+            )
+    return ResumePoint(earlier.id, int(last["epoch"]), str(path), last["sha256"])
+
+
+def _earlier_run(resume: Any, name: str, ledger: Ledger | None) -> RunRecord:
+    if isinstance(resume, RunRecord):
+        return resume
+    if ledger is None:
+        raise ResumeError("the run ledger is off (FLAIR_NBDDP_LEDGER=0), and a resume finds its checkpoint there")
+    if isinstance(resume, RunResult):
+        if resume.record_id is None:
+            raise ResumeError("that run was not recorded in the run ledger, where a resume finds its checkpoint")
+        resume = resume.record_id
+    if resume == "last":
+        found = [record for record in ledger.records(limit=50, name=name) if record.checkpoints]
+        if not found:
+            raise ResumeError(f"no earlier run of {name} wrote a checkpoint (the ledger's last 50 of its runs)")
+        return found[0]
+    if isinstance(resume, str) and resume.isdigit():
+        resume = int(resume)
+    if not isinstance(resume, int) or isinstance(resume, bool):
+        raise ResumeError(
+            f"resume={resume!r} names no run: give a RunResult, a RunRecord, a ledger id, or 'last'"
+        )
+    record = ledger.get(resume)
+    if record is None:
+        raise ResumeError(f"the run ledger has no run #{resume}")
+    return record
+
+
+def _corpus_digests(params: Any) -> list[str]:
+    """The sha256s of the corpora a recorded call shipped, in order."""
+    if isinstance(params, dict):
+        own = [params["sha256"]] if isinstance(params.get("sha256"), str) else []
+        return own + [digest for key, value in params.items() if key != "sha256" for digest in _corpus_digests(value)]
+    if isinstance(params, list):
+        return [digest for value in params for digest in _corpus_digests(value)]
+    return []
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

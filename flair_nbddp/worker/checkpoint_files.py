@@ -1,0 +1,105 @@
+"""A job's full checkpoints as files: what a checkpoint holds of a process (its random number generators), how it
+is written (whole or not at all) and read (only if it is the file the run wrote), and where this job writes and
+resumes from. No flair here: the worker calls :func:`start_job` for every job, flair or not, and
+:mod:`.checkpoints` (the flair plugin) asks it for the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ResumeError
+
+FORMAT = 1
+NAME = "checkpoint.pt"
+
+
+def generators() -> dict[str, Any]:
+    """This process's random number generators: python's, numpy's, torch's and (where there is one) CUDA's."""
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_generators(state: dict[str, Any]) -> None:
+    """Put this process's generators back as :func:`generators` found them."""
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def write(path: Path, checkpoint: dict[str, Any]) -> str:
+    """Write ``checkpoint`` to ``path`` whole or not at all; its sha256."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)
+    data = buffer.getvalue()
+    partial = path.with_name(f".{path.name}.partial")
+    with open(partial, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(partial, path)
+    return hashlib.sha256(data).hexdigest()
+
+
+def read(path: Path, sha256: str | None = None) -> dict[str, Any]:
+    """The checkpoint at ``path``; with ``sha256``, only if the file is the one written (else ``ResumeError``)."""
+    import torch
+
+    data = Path(path).read_bytes()
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise ResumeError(f"{path} is not the checkpoint the run wrote (its sha256 differs): it was changed or cut")
+    checkpoint = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    if checkpoint.get("format") != FORMAT:
+        raise ResumeError(f"{path} is not a flair_nbddp checkpoint of format {FORMAT}: start the run afresh")
+    return checkpoint
+
+
+
+
+@dataclass
+class _Job:
+    directory: Path | None = None
+    resume: str = ""
+    resume_sha256: str = ""
+
+
+_JOB = _Job()
+
+
+def start_job(directory: str | Path | None, resume: str = "", resume_sha256: str = "") -> None:
+    """A job begins: its trainings write their checkpoints in ``directory`` (None: none), and the first resumes
+    from the checkpoint at ``resume`` (if given) when its sha256 is ``resume_sha256``."""
+    global _JOB
+    _JOB = _Job(Path(directory) if directory else None, resume, resume_sha256)
+
+
+def job_directory() -> Path | None:
+    """Where this job's trainings write their checkpoints (None: they write none)."""
+    return _JOB.directory
+
+
+def take_resume() -> dict[str, Any] | None:
+    """The checkpoint this job resumes from, read and checked, for its first training only (None: start afresh)."""
+    if not _JOB.resume:
+        return None
+    path, sha256 = _JOB.resume, _JOB.resume_sha256
+    _JOB.resume = ""
+    return read(Path(path), sha256 or None)

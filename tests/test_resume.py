@@ -1,0 +1,138 @@
+"""Resume: a run that failed in epoch 3 continues from its last full checkpoint and ends as the uninterrupted run
+did, bit for bit; a resume that cannot continue the same training is refused before any worker starts."""
+
+from __future__ import annotations
+
+import pytest
+from training_jobs import fine_tune_failing_once
+
+import flair_nbddp
+from flair_nbddp import ResumeError, WorkerError, launch
+from flair_nbddp.synthetic import sentiment_corpus
+
+CURVES = ("train/loss", "dev/loss", "dev/score")
+
+
+@pytest.mark.process
+def test_a_failed_run_resumed_from_its_last_checkpoint_ends_as_the_uninterrupted_run(warm_pool, tiny_model_path,
+                                                                                     tmp_path, capsys):  # fmt: skip
+    corpus = sentiment_corpus(n_train=48, n_dev=12, n_test=12, seed=4)
+    marker = tmp_path / "fail"
+
+    def run(name: str, **options):
+        args = (corpus, tiny_model_path, str(tmp_path / name), str(marker))
+        return launch(fine_tune_failing_once, args, seed=11, dashboard=False, **options)
+
+    whole = warm_pool.launch(fine_tune_failing_once, (corpus, tiny_model_path, str(tmp_path / "whole"), str(marker)),
+                             seed=11, dashboard=False)  # fmt: skip
+    assert [epoch for epoch, _ in whole.history("dev/score")] == [1, 2, 3, 4]
+    assert [checkpoint.epoch for checkpoint in whole.checkpoints] == [1, 2, 3, 4]
+    marker.touch()
+    with pytest.raises(WorkerError, match="rank 1 failed in epoch 3"):
+        run("interrupted", processes=2, device="cpu")
+    failed = flair_nbddp.history(limit=1)[0]
+    assert failed.status == "failed" and [c["epoch"] for c in failed.checkpoints] == [1, 2]
+
+    resumed = run("interrupted", processes=2, device="cpu", resume=failed)
+    # epochs 1 and 2 in the failed run's record, 3 and 4 in the resumed run's: the uninterrupted curves
+    for name in CURVES:
+        assert failed.history(name) + resumed.history(name) == whole.history(name), name
+    assert resumed.value["test_score"] == whole.value["test_score"]
+    assert flair_nbddp.history(limit=1)[0].resumed_from == failed.id
+    assert f"resuming run #{failed.id} from the end of epoch 2" in capsys.readouterr().out  # the cell says so
+
+    # the same function and corpus are required...
+    other = sentiment_corpus(n_train=48, n_dev=12, n_test=12, seed=5)
+    with pytest.raises(ResumeError, match="the corpus differs"):
+        launch(fine_tune_failing_once, (other, tiny_model_path, str(tmp_path / "other"), str(marker)),
+               processes=2, device="cpu", dashboard=False, resume=failed.id)  # fmt: skip
+    with pytest.raises(ResumeError, match="ran 2 processes and this one would run 1"):
+        run("one", processes=1, device="cpu", resume="last")
+
+
+# -- refusals, in the notebook's process: no worker starts --------------------------------------------------------
+
+
+@pytest.fixture
+def earlier(tmp_path):
+    """A ledger holding one failed 2-process run of ``train`` that wrote checkpoints at the ends of epochs 1 and 2."""
+    from flair_nbddp.ledger.store import Ledger, RunRecord
+    from flair_nbddp.worker.checkpoint_files import FORMAT, write
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    path = tmp_path / "run" / "checkpoint.pt"
+    path.parent.mkdir()
+    sha256 = write(path, {"format": FORMAT, "epoch": 2})
+    params = {"args": [{"type": "Corpus", "train": 48, "dev": 12, "test": 12, "sha256": "c0"}], "kwargs": {}}
+    record = RunRecord(name="train", status="failed", source_hash="s0", params=params, world_size=2,
+                       checkpoints=[{"epoch": 1, "path": str(path), "sha256": "old"},
+                                    {"epoch": 2, "path": str(path), "sha256": sha256}])  # fmt: skip
+    record.id = ledger.insert(record)
+    return ledger, record, path
+
+
+def _new(earlier_record, **changes):
+    from dataclasses import replace
+
+    return replace(earlier_record, **{"id": None, "status": "running", "checkpoints": [], **changes})
+
+
+def test_a_resume_finds_the_last_checkpoint_by_result_record_id_or_last(earlier):
+    from flair_nbddp.resume import resume_point
+
+    ledger, record, path = earlier
+    for resume in (record, record.id, str(record.id), "last"):
+        point = resume_point(resume, _new(record), 2, False, ledger)
+        assert (point.record_id, point.epoch, point.path) == (record.id, 2, str(path))
+    assert point.describe() == f"resuming run #{record.id} from the end of epoch 2 ({path})"
+
+
+@pytest.mark.parametrize("change, cause", [
+    (dict(source_hash="s1"), "the function's source differs from run #"),
+    (dict(params={"args": [{"type": "Corpus", "sha256": "c1"}], "kwargs": {}}), "the corpus differs from run #"),
+])  # fmt: skip
+def test_another_function_or_corpus_is_refused_unless_forced(earlier, change, cause):
+    from flair_nbddp.resume import resume_point
+
+    ledger, record, _ = earlier
+    with pytest.raises(ResumeError, match=cause) as refused:
+        resume_point(record.id, _new(record, **change), 2, False, ledger)
+    assert "resume_force=True" in str(refused.value)
+    assert resume_point(record.id, _new(record, **change), 2, True, ledger).epoch == 2
+
+
+def test_a_changed_or_missing_checkpoint_or_another_world_size_or_no_run_is_refused(earlier):
+    from flair_nbddp.resume import resume_point
+
+    ledger, record, path = earlier
+    with pytest.raises(ResumeError, match="resumes its own random generators. Resume with processes=2"):
+        resume_point(record, _new(record), 4, False, ledger)
+    with pytest.raises(ResumeError, match="has no run #999"):
+        resume_point(999, _new(record), 2, False, ledger)
+    with pytest.raises(ResumeError, match="names no run"):
+        resume_point(2.5, _new(record), 2, False, ledger)
+    path.write_bytes(path.read_bytes()[:-4])  # cut: never read
+    with pytest.raises(ResumeError, match="is not the checkpoint run #.* wrote at the end of epoch 2"):
+        resume_point(record, _new(record), 2, False, ledger)
+    path.unlink()
+    with pytest.raises(ResumeError, match="is gone"):
+        resume_point(record, _new(record), 2, False, ledger)
+    with pytest.raises(ResumeError, match="wrote no checkpoint"):
+        resume_point(_new(record, id=7), _new(record), 2, False, ledger)
+
+
+def test_a_ledger_an_earlier_version_wrote_gets_the_new_columns(tmp_path):
+    import sqlite3
+
+    from flair_nbddp.ledger.store import Ledger, RunRecord
+
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as connection:  # schema 1: no checkpoints, no resumed_from
+        connection.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, name, status, started_at)")
+        connection.execute("INSERT INTO runs (name, status, started_at) VALUES ('train', 'finished', 1.0)")
+        connection.execute("PRAGMA user_version = 1")
+    ledger = Ledger(path)
+    [old] = ledger.records()
+    assert (old.name, old.checkpoints, old.resumed_from) == ("train", [], None)
+    new_id = ledger.insert(RunRecord(name="train", checkpoints=[{"epoch": 1, "path": "p", "sha256": "x"}]))
+    assert ledger.get(new_id).checkpoints == [{"epoch": 1, "path": "p", "sha256": "x"}]
