@@ -7,7 +7,7 @@ import pytest
 from training_jobs import fine_tune_failing_once
 
 import flair_nbddp
-from flair_nbddp import ResumeError, WorkerError, launch
+from flair_nbddp import ResumeError, WorkerError, launch, start
 from flair_nbddp.synthetic import sentiment_corpus
 
 CURVES = ("train/loss", "dev/loss", "dev/score")
@@ -48,6 +48,30 @@ def test_a_failed_run_resumed_from_its_last_checkpoint_ends_as_the_uninterrupted
                processes=2, device="cpu", dashboard=False, resume=failed.id)  # fmt: skip
     with pytest.raises(ResumeError, match="ran 2 processes and this one would run 1"):
         run("one", processes=1, device="cpu", resume="last")
+
+
+@pytest.mark.process
+def test_a_run_stopped_in_epoch_2_resumes_from_the_end_of_epoch_1_and_ends_as_the_uninterrupted_run(
+    warm_pool, tiny_model_path, tmp_path
+):
+    from conftest import wait_for
+
+    corpus = sentiment_corpus(n_train=48, n_dev=12, n_test=12, seed=4)
+    absent = str(tmp_path / "no-marker")  # nothing fails in these runs
+
+    def args(name: str) -> tuple:
+        return (corpus, tiny_model_path, str(tmp_path / name), absent)
+
+    whole = warm_pool.launch(fine_tune_failing_once, args("whole"), seed=11, dashboard=False)
+    run = start(fine_tune_failing_once, args("stopped"), pool=warm_pool, seed=11)
+    wait_for(lambda: run.state.snapshot().epoch >= 2, 120, "epoch 2")
+    run.stop()
+    stopped = run.wait()
+    assert stopped.status == "stopped" and [checkpoint.epoch for checkpoint in stopped.checkpoints] == [1]
+    resumed = warm_pool.launch(fine_tune_failing_once, args("stopped"), seed=11, dashboard=False, resume=stopped)
+    for name in CURVES:
+        assert stopped.history(name) + resumed.history(name) == whole.history(name), name
+    assert resumed.value["test_score"] == whole.value["test_score"]
 
 
 # -- refusals, in the notebook's process: no worker starts --------------------------------------------------------
