@@ -80,15 +80,12 @@ def install() -> None:
     input_thread.install(encode)
 
 
-def start_job(enabled: bool, ahead: bool | None = None) -> None:
-    """A job begins: encodings are kept if ``enabled``, and the next training batch is tokenized ahead if ``ahead``
-    (None: when the device is not the CPU). What earlier jobs kept stays (a pool's next job on the same corpus
-    reads it) while it fits in ``KEEP_AT_MOST``."""
+def start_job(enabled: bool, ahead: bool = False) -> None:
+    """A job begins: encodings are kept if ``enabled``, and the next training batch is tokenized in the input
+    thread if ``ahead`` too (the worker says so where its device is not the CPU, whose cores the training needs).
+    What earlier jobs kept stays (a pool's next job on the same corpus reads it) while it fits in
+    ``KEEP_AT_MOST``."""
     global _JOB
-    if ahead is None:
-        import flair
-
-        ahead = flair.device.type != "cpu"  # on a CPU the thread would take the cores the training needs
     _JOB = _Job(enabled=enabled)
     input_thread.start_job(ahead=enabled and ahead)
 

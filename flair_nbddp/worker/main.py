@@ -381,7 +381,7 @@ def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) ->
         _seed_everything(job.seed)
         ddp_exec.begin_job(rank, spec.world_size, vitals.device, vitals.store, job.key)
         distributed_eval.start_job(f"flair_nbddp/{job.key}", job.distributed_eval)
-        fast_inputs.start_job(job.fast_inputs)
+        fast_inputs.start_job(job.fast_inputs, ahead=vitals.device.type != "cpu")
         precision.start_job(job.precision)
         checkpoint_files.start_job(job.run_dir, job.resume, job.resume_sha256)
         try:

@@ -1,0 +1,113 @@
+"""What a full checkpoint at every epoch's end costs a training (#35).
+
+    python benchmarks/checkpoint_cost.py --device cpu --size tiny --docs 800
+    python benchmarks/checkpoint_cost.py --device cuda --size distilbert --docs 4000
+
+One process fine-tunes the throughput benchmark's job (a ``TextClassifier`` on IMDB-length generated reviews,
+batch 32) with the kit's checkpoint plugin, as every rank of a run has it, and times per epoch: the training
+(first batch to last), the part of each checkpoint the training waits for (gathering the generators, copying the
+states where they are, waiting for the previous file), and the writer thread's ``torch.save`` and rename, which
+overlap the next epoch. The cost to training is the first part over the epoch; the write must take less than an
+epoch to stay out of the way. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def measure(args) -> dict:
+    import flair
+    import torch
+    from flair.embeddings import TransformerDocumentEmbeddings
+    from flair.models import TextClassifier
+    from flair.trainers import ModelTrainer
+    from flair.trainers.plugins import TrainerPlugin
+    from throughput import make_corpus
+
+    from flair_nbddp.synthetic import tiny_transformer
+    from flair_nbddp.worker.checkpoint_files import NAME
+    from flair_nbddp.worker.checkpoints import Checkpointing
+
+    flair.device = torch.device(args.device)
+    flair.set_seed(42)
+    workdir = Path(args.workdir)
+    model_path = tiny_transformer(workdir / f"model-{args.size}", size=args.size)
+    corpus = make_corpus(args.docs)
+    model = TextClassifier(TransformerDocumentEmbeddings(model_path, fine_tune=True), label_type="sentiment",
+                           label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False))  # fmt: skip
+    epochs: list[dict] = []
+
+    class Epochs(TrainerPlugin):
+        @TrainerPlugin.hook
+        def after_training_batch(self, **_):
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            now = time.perf_counter()
+            epochs[-1].setdefault("first_batch", now)
+            epochs[-1]["last_batch"] = now
+
+        @TrainerPlugin.hook
+        def before_training_epoch(self, epoch, **_):
+            epochs.append({"epoch": epoch})
+
+    writes: dict[int, float] = {}
+    plugin = Checkpointing(workdir / NAME, 0, lambda value: [value], lambda epoch, path, sha: None)
+    write, write_file = plugin._write, plugin._write_file
+
+    def timed_write(epoch):
+        started = time.perf_counter()
+        write(epoch)
+        epochs[epoch - 1]["checkpoint_wait_s"] = time.perf_counter() - started  # rows are epochs 1, 2...
+
+    def timed_write_file(epoch, checkpoint):
+        started = time.perf_counter()
+        write_file(epoch, checkpoint)
+        writes[epoch] = time.perf_counter() - started
+
+    plugin._write, plugin._write_file = timed_write, timed_write_file
+    ModelTrainer(model, corpus).fine_tune(
+        workdir / "train", max_epochs=args.epochs, mini_batch_size=args.batch, learning_rate=5e-5,
+        plugins=[Epochs(), plugin], save_final_model=False, create_file_logs=False, create_loss_file=False,
+    )  # fmt: skip
+    rows = []
+    for row in epochs:
+        train_s = row["last_batch"] - row["first_batch"]
+        wait_s = row.get("checkpoint_wait_s", 0.0)
+        rows.append({"epoch": row["epoch"], "train_s": train_s, "checkpoint_wait_s": wait_s,
+                     "write_s": writes.get(row["epoch"]), "cost": wait_s / train_s})  # fmt: skip
+    return {
+        "device": args.device, "size": args.size, "docs": args.docs, "batch": args.batch,
+        "checkpoint_mb": (workdir / NAME).stat().st_size / 2**20, "epochs": rows,
+        "cost_per_epoch": max(row["cost"] for row in rows),
+        "write_over_epoch": max((row["write_s"] or 0) / row["train_s"] for row in rows),
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    parser.add_argument("--size", choices=["tiny", "distilbert"], default="distilbert")
+    parser.add_argument("--docs", type=int, default=4000)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--workdir", default="/tmp/flair_nbddp-checkpoint-cost")
+    parser.add_argument("--json", default=None, help="also write the figures to this file")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    figures = measure(args)
+    print(json.dumps(figures))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()
