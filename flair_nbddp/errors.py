@@ -200,6 +200,56 @@ class WorkerError(RunError, RuntimeError):
         return type(self), fields
 
 
+class OutOfMemoryError(WorkerError, MemoryError):
+    """A rank ran out of GPU (or host) memory; the run was ended on every rank. The message names the rank, the
+    batch it was on, ``mini_batch_size`` and ``mini_batch_chunk_size``, the memory in use and the fix.
+
+    Attributes:
+        memory: what the rank reported: ``device``, ``in_use_gib``, ``total_gib``, ``mini_batch_size``,
+            ``mini_batch_chunk_size``, ``epoch``, ``batch`` (those it knew).
+
+    Example:
+        >>> error = OutOfMemoryError(1, "OutOfMemoryError", "CUDA out of memory", memory={
+        ...     "device": "cuda:1", "in_use_gib": 78.9, "total_gib": 79.6, "mini_batch_size": 32,
+        ...     "mini_batch_chunk_size": None, "epoch": 3, "batch": 17})
+        >>> print(str(error).splitlines()[0])
+        rank 1 failed: OutOfMemoryError: CUDA out of memory
+        >>> print(str(error).splitlines()[2])
+        rank 1 ran out of memory on cuda:1 in epoch 3, batch 17, with mini_batch_size=32 and mini_batch_chunk_size=None; 78.9 of 79.6 GiB were in use.
+    """
+
+    def __init__(
+        self, rank: int, exc_type: str, message: str, remote_traceback: str = "", exit_code: int | None = None,
+        log_path: str = "", memory: dict | None = None,
+    ) -> None:  # fmt: skip
+        self.memory = dict(memory or {})
+        super().__init__(rank, exc_type, f"{message}\n\n{_out_of_memory_advice(rank, self.memory)}",
+                         remote_traceback, exit_code, log_path)  # fmt: skip
+        self.message = message
+
+    def __reduce__(self):
+        fields = (self.rank, self.exc_type, self.message, self.remote_traceback, self.exit_code, self.log_path)
+        return type(self), (*fields, self.memory)
+
+
+def _out_of_memory_advice(rank: int, memory: dict) -> str:
+    """What ran out, where, and the fix (a smaller chunk keeps the effective batch and so the schedule)."""
+    where = f" on {memory['device']}" if memory.get("device") else ""
+    when = f" in epoch {memory['epoch']}, batch {memory['batch']}," if memory.get("epoch") else ""
+    batch, chunk = memory.get("mini_batch_size"), memory.get("mini_batch_chunk_size")
+    sizes = f" with mini_batch_size={batch} and mini_batch_chunk_size={chunk}" if batch else ""
+    held = ""
+    if memory.get("in_use_gib") is not None:
+        held = f"; {memory['in_use_gib']:.1f} of {memory['total_gib']:.1f} GiB were in use"
+    smaller = max(1, (chunk or batch or 2) // 2)
+    return (
+        f"rank {rank} ran out of memory{where}{when}{sizes}{held}.\n"
+        f"Fix: pass mini_batch_chunk_size={smaller} to train()/fine_tune(): each batch is computed in pieces of "
+        "that size, the same effective batch (and so the same schedule) with less memory at once; or lower "
+        "mini_batch_size, or free the memory other programs hold."
+    )
+
+
 class RunTimeoutError(RunError, TimeoutError):
     """The run took longer than its ``timeout``; every worker was ended."""
 

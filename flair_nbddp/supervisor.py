@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
-from .errors import RunHangError, RunTimeoutError, WorkerError
+from .errors import OutOfMemoryError, RunHangError, RunTimeoutError, WorkerError
 from .local_ranks import TERMINATE_GRACE_SECONDS
 from .rank_output import RankOutput
 from .recorder import RunRecorder
@@ -150,10 +150,11 @@ class Supervisor:
             )  # fmt: skip
         if snapshot.failure is not None:
             failure = snapshot.failure
-            return WorkerError(
-                failure.rank, failure.exc_type, failure.message, failure.traceback,
-                snapshot.ranks[failure.rank].exit_code, str(self.run_dir.log(failure.rank)),
-            )  # fmt: skip
+            details = (failure.rank, failure.exc_type, failure.message, failure.traceback,
+                       snapshot.ranks[failure.rank].exit_code, str(self.run_dir.log(failure.rank)))  # fmt: skip
+            if failure.memory is not None:
+                return OutOfMemoryError(*details, memory=failure.memory)
+            return WorkerError(*details)
         if self.ended_by == "stop":
             return None
         if not self.state.all_finished() or self.state.result_path is None:

@@ -203,3 +203,27 @@ def test_rendezvous_listens_on_loopback_only():
         assert {c.laddr.ip for c in listening} <= {"127.0.0.1"}, listening
     finally:
         run.kill()  # a stop would wait for the sleep to end: the function never reaches a batch boundary
+
+
+@pytest.mark.process
+def test_a_rank_out_of_memory_ends_every_rank_in_seconds_with_an_error_naming_the_batch_and_the_fix(
+    tiny_model_path, tmp_path
+):
+    from training_jobs import fine_tune_running_out_of_memory
+
+    from flair_nbddp import OutOfMemoryError, WorkerError
+    from flair_nbddp.synthetic import sentiment_corpus
+
+    corpus = sentiment_corpus(n_train=32, n_dev=4, n_test=4, seed=3)
+    run = start(fine_tune_running_out_of_memory, (corpus, tiny_model_path, str(tmp_path)), processes=2, device="cpu")
+    wait_for(lambda: run.state.snapshot().batch >= 1, 120, "training to start")
+    started = time.monotonic()
+    result = run.wait(timeout=60)
+    assert time.monotonic() - started < 10  # rank 0 was not left waiting in its collective
+    error = result.error
+    assert isinstance(error, OutOfMemoryError) and isinstance(error, WorkerError) and isinstance(error, MemoryError)
+    assert error.rank == 1 and error.memory["mini_batch_size"] == 4 and error.memory["mini_batch_chunk_size"] == 2
+    text = str(error)
+    assert "rank 1 ran out of memory on cpu in epoch 1, batch 2, with mini_batch_size=4 and mini_batch_chunk_size=2" in text
+    assert "GiB were in use" in text and "Fix: pass mini_batch_chunk_size=1" in text
+    assert not [pid for pid in (rank.pid for rank in result.ranks) if psutil.pid_exists(pid)]

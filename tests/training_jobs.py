@@ -191,3 +191,26 @@ def fine_tune_failing_once(corpus, model_path: str, base_path: str, marker: str)
     scores = ModelTrainer(model, corpus).fine_tune(base_path, max_epochs=4, mini_batch_size=4, learning_rate=5e-3,
                                                    multi_gpu=True, plugins=[FailOnce()])  # fmt: skip
     return {"test_score": scores["test_score"]}
+
+
+def fine_tune_running_out_of_memory(corpus, model_path: str, base_path: str) -> dict:
+    """Fine-tune a tiny-transformer classifier; rank 1 runs out of memory (as torch reports it on a GPU) in the
+    second batch of epoch 1, while rank 0 goes on into the next collective."""
+    import torch
+    import torch.distributed as dist
+    from flair.embeddings import TransformerDocumentEmbeddings
+    from flair.models import TextClassifier
+    from flair.trainers import ModelTrainer
+    from flair.trainers.plugins import TrainerPlugin
+
+    class OutOfMemory(TrainerPlugin):
+        @TrainerPlugin.hook
+        def before_training_optimizer_step(self, epoch: int, batch_no: int, **_):  # after the batch's backward pass
+            if epoch == 1 and batch_no == 1 and dist.get_rank() == 1:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    model = TextClassifier(TransformerDocumentEmbeddings(model_path), label_type="sentiment",
+                           label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False))  # fmt: skip
+    ModelTrainer(model, corpus).fine_tune(base_path, max_epochs=2, mini_batch_size=4, mini_batch_chunk_size=2,
+                                          learning_rate=5e-3, multi_gpu=True, plugins=[OutOfMemory()])  # fmt: skip
+    return {}

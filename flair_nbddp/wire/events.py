@@ -154,11 +154,13 @@ class ResultReady(Event):
 
 @dataclass(frozen=True)
 class Failed(Event):
-    """A rank raised: the exception's type, message and formatted traceback."""
+    """A rank raised: the exception's type, message and formatted traceback; for an out-of-memory error,
+    ``memory`` says what the rank was doing and what it held (:func:`flair_nbddp.worker.main.memory_report`)."""
 
     exc_type: str
     message: str
     traceback: str
+    memory: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -119,16 +119,20 @@ class StreamingPlugin(TrainerPlugin):
         self._set_up_at = 0.0
 
     @TrainerPlugin.hook
-    def after_setup(self, max_epochs: int = 0, base_path: Any = ".", save_final_model: bool = True, **_: Any):
+    def after_setup(
+        self, max_epochs: int = 0, base_path: Any = ".", save_final_model: bool = True, mini_batch_size: Any = None,
+        mini_batch_chunk_size: Any = None, **_: Any,
+    ):  # fmt: skip
         self._max_epochs, self._base_path, self._saves_final_model = max_epochs, Path(base_path), save_final_model
+        self._counters.training_set_up(mini_batch_size, mini_batch_chunk_size)
         self._set_up_at = time.time()  # model files older than this are an earlier training's
         # flair silences its logger on ranks > 0 ("only print logs once"); here each rank has its own log, and
         # its warnings reach the cell
         logging.getLogger("flair").disabled = False
 
     @TrainerPlugin.hook
-    def before_training_batch(self, **_: Any) -> None:
-        self._counters.batch_started()
+    def before_training_batch(self, epoch: int = 0, batch_no: int = 0, **_: Any) -> None:
+        self._counters.batch_started(epoch, batch_no + 1)
 
     @TrainerPlugin.hook
     def after_training_batch(self, batch: list, batch_no: int, total_number_of_batches: int, epoch: int, **_: Any):

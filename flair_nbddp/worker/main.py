@@ -413,12 +413,39 @@ def _seed_everything(seed: int) -> None:
     torch.cuda.manual_seed_all(seed)
 
 
-def _report_and_exit(rank: int, sender: EventSender, error: BaseException, formatted: str | None = None) -> None:
+def memory_report(error: BaseException, vitals: _Vitals) -> dict | None:
+    """For an out-of-memory error (torch's on a GPU, Python's ``MemoryError`` on the host): the device, the memory
+    in use and its total (GiB), flair's batch sizes and the batch being trained; None for any other error."""
+    if not (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"):
+        return None
+    report: dict[str, Any] = {"device": str(vitals.device), **vitals.counters.batch_sizes}
+    if vitals.counters.epoch:
+        report.update(epoch=vitals.counters.epoch, batch=vitals.counters.batch)
+    gib = 2.0**30
+    try:
+        if vitals.device is not None and vitals.device.type == "cuda":
+            import torch
+
+            free, total = torch.cuda.mem_get_info(vitals.device)
+            report.update(in_use_gib=(total - free) / gib, total_gib=total / gib)
+        else:
+            import psutil
+
+            report.update(in_use_gib=psutil.Process().memory_info().rss / gib,
+                          total_gib=psutil.virtual_memory().total / gib)  # fmt: skip
+    except Exception:  # noqa: BLE001 - the report goes without the figures it could not read
+        pass
+    return report
+
+
+def _report_and_exit(
+    rank: int, sender: EventSender, error: BaseException, formatted: str | None = None, memory: dict | None = None
+) -> None:
     """Send ``Failed`` (the traceback printed to stderr, unless ``formatted`` says it was) and exit at once."""
     if formatted is None:
         formatted = traceback.format_exc()
         print(formatted, file=sys.stderr, flush=True)
-    sender.send(Failed(rank, type(error).__name__, str(error), formatted))
+    sender.send(Failed(rank, type(error).__name__, str(error), formatted, memory))
     # skip interpreter teardown: a collective's peers may be gone, and destroying the group could hang
     os._exit(1)
 
@@ -437,7 +464,7 @@ def serve(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) -> N
             failure = error, traceback.format_exc()
             print(failure[1], file=sys.stderr, flush=True)
     if failure is not None:
-        _report_and_exit(spec.rank, sender, *failure)
+        _report_and_exit(spec.rank, sender, *failure, memory_report(failure[0], vitals))
     sender.send(Finished(spec.rank))
 
 
