@@ -45,12 +45,13 @@ from .notebook.compare import compare
 from .notebook.panel import TrainingPanel
 from .options import RunOptions
 from .pool import WorkerPool
-from .result import Checkpoint, RunResult
+from .result import Attempt, Checkpoint, RunResult
 from .run import Run, runs
 from .wire.pool_ref import PoolRef
 from .worker.ddp_exec import RankResult
 
 __all__ = [
+    "Attempt",
     "Checkpoint",
     "CheckpointWriteError",
     "ClusterError",

@@ -17,7 +17,10 @@ from .run import Run
 from .watch import launch_and_watch
 from .worker_source import WorkerSource, source_for
 
-_START_DECIDES = {"dashboard": "start() shows nothing; launch() shows the run"}  # options start() takes none of
+_START_DECIDES = {  # options start() takes none of
+    "dashboard": "start() shows nothing; launch() shows the run",
+    "max_restarts": "restarts are made while launch() waits for the run; start() returns at once",
+}
 
 
 @documented(*_START_DECIDES)

@@ -14,7 +14,7 @@ Example:
     >>> RunOptions.of({"proceses": 2})
     Traceback (most recent call last):
     ...
-    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs, precision, resume, resume_force
+    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs, precision, resume, max_restarts, resume_force
 """
 
 from __future__ import annotations
@@ -166,6 +166,13 @@ class RunOptions:
         "(:class:`~flair_nbddp.ResumeError`) for another function, corpus or number of processes.",
         flag={"metavar": "ID", "nargs": "?", "const": "last"},
     )  # fmt: skip
+    max_restarts: int = _option(
+        0, "when a rank fails (an error, a signal, out of memory, a lost Dask worker, a hang past ``hang_timeout``), "
+        "end every rank and start the run again from its last full checkpoint, up to this many times (``launch``, "
+        "``WorkerPool.launch`` and ``%%ddp_train``); an interrupt or a stop is never restarted, nor a ``timeout``. "
+        ":attr:`RunResult.attempts <flair_nbddp.RunResult.attempts>` lists every attempt.",
+        flag={"type": int, "metavar": "N"},
+    )  # fmt: skip
     resume_force: bool = _option(
         False, "resume even though the function's source or the corpus changed since the run resumed from.",
         flag={"name": "--resume-force", "const": True},
@@ -179,6 +186,8 @@ class RunOptions:
                 f"precision={self.precision!r} is not one of {', '.join(map(repr, PRECISIONS))}: fp32 is flair's "
                 "default, bf16 bfloat16 autocast, fp16 flair's use_amp"
             )
+        if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ConfigurationError(f"max_restarts={self.max_restarts!r} is not a count: give 0 (the default) or more")
         if self.output not in OUTPUT_MODES:
             raise ConfigurationError(
                 f"output={self.output!r} is not a mode: 'rank0' (rank 0's output, and every rank's warnings and "
@@ -215,7 +224,7 @@ class RunOptions:
         return {name: getattr(self, name) for name in option_names() if name not in _RECORDED_APART}
 
 
-_RECORDED_APART = ("processes", "device", "gpus", "cluster", "dashboard", "run_dir", "seed", "resume", "resume_force")
+_RECORDED_APART = ("processes", "device", "gpus", "cluster", "dashboard", "run_dir", "seed", "resume", "resume_force")  # noqa: E501
 # ...as its devices, directory, seed and the run it resumed from
 
 

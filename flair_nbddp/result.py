@@ -20,6 +20,16 @@ class Checkpoint(NamedTuple):
     sha256: str
 
 
+class Attempt(NamedTuple):
+    """One attempt of a run that ``max_restarts`` allowed to start again: its ledger id (None: unrecorded), its
+    status, its error (None for the last, finished one) and the epoch whose checkpoint it resumed from (0: none)."""
+
+    record_id: int | None
+    status: str
+    error: Exception | None
+    resumed_from_epoch: int
+
+
 SCORE_METRICS = ("dev/score", "train/loss")
 
 
@@ -67,6 +77,8 @@ class RunResult:
         models: every model file flair saved on rank 0 (``final-model.pt``, ``best-model.pt``...), absolute.
         checkpoints: every full checkpoint rank 0 wrote, one per finished epoch, in order (each replaced the one
             before in the same file); a later run continues from the last with ``launch(..., resume=result)``.
+        attempts: with ``max_restarts``, every attempt of the run, the first included, each with its error (this
+            result is the last attempt's); empty for a run that was not restarted.
         error: the failure (WorkerError, RunTimeoutError, RunHangError) when ``status == "failed"``.
         record_id: the run's id in the run ledger (:func:`flair_nbddp.history`); None when it was not recorded.
 
@@ -97,6 +109,7 @@ class RunResult:
     models: list[Path] = field(default_factory=list)
     record_id: int | None = None
     checkpoints: list[Checkpoint] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
 
     @classmethod
     def from_run(cls, run: Any, value: Any, error: Exception | None) -> RunResult:

@@ -2,7 +2,8 @@
 
 ``launch(fn, args, resume=...)`` names an earlier run: its :class:`~flair_nbddp.RunResult`, its ledger record
 (:class:`~flair_nbddp.RunRecord`) or that record's id, or ``"last"`` (the last run of a function of the same
-name that wrote a checkpoint). :func:`resume_point` finds that run's last full checkpoint in the ledger and
+name that wrote a checkpoint). A result the ledger did not record (it is off) is resumed from its own list of
+checkpoints, unchecked for code and corpus. :func:`resume_point` finds that run's last full checkpoint in the ledger and
 refuses, with :class:`~flair_nbddp.ResumeError` naming the cause and the fix, a run that wrote none, a file that
 is gone or is not the one written (its sha256), another number of processes (each rank resumes its own random
 generators), and, unless ``resume_force``, another function (its source's sha256) or another corpus (the sha256s of
@@ -25,14 +26,15 @@ from .result import RunResult
 class ResumePoint:
     """The checkpoint a run continues from: the run that wrote it, the epoch it ends, the file and its sha256."""
 
-    record_id: int
+    record_id: int | None
     epoch: int
     path: str
     sha256: str
 
     def describe(self) -> str:
         """The line the cell shows as the run starts."""
-        return f"resuming run #{self.record_id} from the end of epoch {self.epoch} ({self.path})"
+        run = "" if self.record_id is None else f"run #{self.record_id} "
+        return f"resuming {run}from the end of epoch {self.epoch} ({self.path})"
 
 
 def resume_point(resume: Any, new: RunRecord, world_size: int, force: bool, ledger: Ledger | None) -> ResumePoint:
@@ -63,7 +65,7 @@ def resume_point(resume: Any, new: RunRecord, world_size: int, force: bool, ledg
             f"run #{earlier.id} ran {earlier.world_size} processes and this one would run {world_size}: each rank "
             f"resumes its own random generators. Resume with processes={earlier.world_size}."
         )
-    if not force:
+    if not force and earlier.source_hash != _UNKNOWN:
         if earlier.source_hash != new.source_hash:
             raise ResumeError(
                 f"the function's source differs from run #{earlier.id}'s ({earlier.name}): a resume continues the same "
@@ -82,12 +84,11 @@ def resume_point(resume: Any, new: RunRecord, world_size: int, force: bool, ledg
 def _earlier_run(resume: Any, name: str, ledger: Ledger | None) -> RunRecord:
     if isinstance(resume, RunRecord):
         return resume
-    if ledger is None:
-        raise ResumeError("the run ledger is off (FLAIR_NBDDP_LEDGER=0), and a resume finds its checkpoint there")
     if isinstance(resume, RunResult):
-        if resume.record_id is None:
-            raise ResumeError("that run was not recorded in the run ledger, where a resume finds its checkpoint")
-        resume = resume.record_id
+        record = ledger.get(resume.record_id) if ledger is not None and resume.record_id is not None else None
+        return record or _unrecorded(resume, name)
+    if ledger is None:
+        raise ResumeError("the run ledger is off (FLAIR_NBDDP_LEDGER=0): resume from the run's RunResult instead")
     if resume == "last":
         found = [record for record in ledger.records(limit=50, name=name) if record.checkpoints]
         if not found:
@@ -103,6 +104,17 @@ def _earlier_run(resume: Any, name: str, ledger: Ledger | None) -> RunRecord:
     if record is None:
         raise ResumeError(f"the run ledger has no run #{resume}")
     return record
+
+
+def _unrecorded(result: RunResult, name: str) -> RunRecord:
+    """What a resume needs of a run the ledger did not record: its checkpoints, its size (its code and corpus went
+    unrecorded, so they cannot be compared: the caller vouches for them)."""
+    checkpoints = [{"epoch": epoch, "path": str(path), "sha256": sha256} for epoch, path, sha256 in result.checkpoints]
+    return RunRecord(id=None, name=name, status=result.status, world_size=result.world_size, checkpoints=checkpoints,
+                     source_hash=_UNKNOWN, params={"unrecorded": _UNKNOWN})  # fmt: skip
+
+
+_UNKNOWN = "unrecorded"
 
 
 def _corpus_digests(params: Any) -> list[str]:

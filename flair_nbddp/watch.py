@@ -9,11 +9,13 @@ run started through the kit has its views while this module imports no notebook 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
+from .errors import RunHangError, WorkerError, describe_exit
 from .ledger.provenance import Provenance
 from .options import RunOptions
-from .result import RunResult
+from .result import Attempt, RunResult
 from .run import Run
 from .worker_source import WorkerSource, source_for
 
@@ -45,9 +47,44 @@ def launch_and_watch(
     fn: Callable, args: tuple, kwargs: dict | None, options: RunOptions, pool: WorkerSource | None,
     provenance: Provenance,
 ) -> RunResult:  # fmt: skip
-    """:func:`flair_nbddp.launch` once its options are checked: the run built on its source, then watched."""
-    run = Run(fn, args, kwargs or {}, source_for(options, pool), options, provenance=provenance)
-    return watch(run, options.dashboard)
+    """:func:`flair_nbddp.launch` once its options are checked: the run built on its source, then watched; with
+    ``max_restarts``, a run whose rank failed or hung is started again from its last full checkpoint (on a pool:
+    its recycled workers; cold: new ones), up to that many times, each attempt shown and recorded, the last error
+    raised once they are spent. An interrupt, a stop and a ``timeout`` are never restarted."""
+    attempts: list[Attempt] = []
+    resumed_from_epoch = 0
+    while True:
+        run = Run(fn, args, kwargs or {}, source_for(options, pool), options, provenance=provenance)
+        try:
+            result = watch(run, options.dashboard)
+        except (WorkerError, RunHangError) as error:
+            failed = error.result
+            if failed is None:  # it never started: nothing to restart
+                raise
+            attempts.append(Attempt(failed.record_id, failed.status, error, resumed_from_epoch))
+            if len(attempts) > options.max_restarts:
+                if options.max_restarts:
+                    failed.attempts = attempts
+                raise
+            if failed.checkpoints:  # else from the start, or from where this attempt itself resumed
+                options = replace(options, resume=failed)
+                resumed_from_epoch = failed.checkpoints[-1].epoch
+            print(f"flair_nbddp: {_what_failed(error, failed)}; restart {len(attempts)} of {options.max_restarts} "
+                  f"from {f'the end of epoch {resumed_from_epoch}' if resumed_from_epoch else 'the start'}",
+                  flush=True)  # fmt: skip
+            continue
+        if attempts:
+            result.attempts = [*attempts, Attempt(result.record_id, result.status, None, resumed_from_epoch)]
+        return result
+
+
+def _what_failed(error: WorkerError | RunHangError, failed: RunResult) -> str:
+    """``rank 1 died (was killed by signal SIGKILL) at step 17``, ``rank 0 failed (ValueError)``, ``the run hung``."""
+    if isinstance(error, RunHangError):
+        return "the run hung"
+    step = next((rank.step for rank in failed.ranks if rank.rank == error.rank), None)
+    what = f"failed ({error.exc_type})" if error.exc_type else f"died ({describe_exit(error.exit_code)})"
+    return f"rank {error.rank} {what}" + (f" at step {step}" if step else "")
 
 
 def watch(run: Run, dashboard: bool | None = None) -> RunResult:

@@ -14,16 +14,19 @@ from flair_nbddp import (
     launch,
     start,
 )
+from flair_nbddp.api import _START_DECIDES
 from flair_nbddp.notebook.magic import DdpMagics
+from flair_nbddp.notebook.panel import _PANEL_DECIDES
 from flair_nbddp.options import magic_flags, option_names
+from flair_nbddp.pool import _EXEC_DECIDES
 
 FIELDS = {spec.name: spec for spec in dataclasses.fields(RunOptions)}
 
 
 @pytest.mark.parametrize(
     "takes, left_out",
-    [(launch, ()), (start, ("dashboard",)), (WorkerPool.launch, ()), (TrainingPanel, ("dashboard",)),
-     (WorkerPool.exec, ("dashboard", "output"))],
+    [(launch, ()), (start, _START_DECIDES), (WorkerPool.launch, ()), (TrainingPanel, _PANEL_DECIDES),
+     (WorkerPool.exec, _EXEC_DECIDES)],
     ids=["launch", "start", "WorkerPool.launch", "TrainingPanel", "WorkerPool.exec"],
 )
 def test_each_way_to_start_a_run_lists_every_option_with_its_default(takes, left_out):
@@ -40,7 +43,7 @@ def test_each_way_to_start_a_run_lists_every_option_with_its_default(takes, left
 def test_the_docstrings_carry_each_options_one_description(documented):
     doc = " ".join(documented.__doc__.split())
     for name, spec in FIELDS.items():
-        if name == "dashboard" and documented is start:
+        if name in _START_DECIDES and documented is start:
             continue
         assert f"{name}: {' '.join(spec.metadata['doc'].split())}" in doc, name
     assert "{run_options}" not in doc

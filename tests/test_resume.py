@@ -3,6 +3,7 @@ did, bit for bit; a resume that cannot continue the same training is refused bef
 
 from __future__ import annotations
 
+import psutil
 import pytest
 from training_jobs import fine_tune_failing_once
 
@@ -160,3 +161,48 @@ def test_a_ledger_an_earlier_version_wrote_gets_the_new_columns(tmp_path):
     assert (old.name, old.checkpoints, old.resumed_from) == ("train", [], None)
     new_id = ledger.insert(RunRecord(name="train", checkpoints=[{"epoch": 1, "path": "p", "sha256": "x"}]))
     assert ledger.get(new_id).checkpoints == [{"epoch": 1, "path": "p", "sha256": "x"}]
+
+
+@pytest.mark.process
+def test_a_rank_killed_in_epoch_3_is_restarted_from_the_end_of_epoch_2_and_the_run_ends_as_the_uninterrupted_one(
+    warm_pool, tiny_model_path, tmp_path, capsys
+):
+    corpus = sentiment_corpus(n_train=48, n_dev=12, n_test=12, seed=4)
+    marker = tmp_path / "kill"
+
+    def args(name: str) -> tuple:
+        return (corpus, tiny_model_path, str(tmp_path / name), str(marker), True)
+
+    whole = warm_pool.launch(fine_tune_failing_once, args("whole"), seed=11, dashboard=False)
+    marker.touch()
+    result = launch(fine_tune_failing_once, args("restarted"), processes=2, device="cpu", seed=11, dashboard=False,
+                    max_restarts=1)  # fmt: skip
+    assert result.status == "finished"
+    first, last = result.attempts
+    assert isinstance(first.error, WorkerError) and first.error.exit_code == -9 and first.status == "failed"
+    assert (last.error, last.status, last.resumed_from_epoch, last.record_id) == (None, "finished", 2, result.record_id)
+    assert "rank 1 died (was killed by signal SIGKILL)" in capsys.readouterr().out
+    failed = flair_nbddp.history(limit=2)[1]
+    assert failed.id == first.record_id and flair_nbddp.history(limit=1)[0].resumed_from == failed.id
+    for name in CURVES:  # the attempts together: the uninterrupted run's curves, bit for bit
+        assert failed.history(name) + result.history(name) == whole.history(name), name
+    assert result.value["test_score"] == whole.value["test_score"]
+    assert not [rank.pid for rank in result.ranks + first.error.result.ranks if psutil.pid_exists(rank.pid)]
+
+
+@pytest.mark.process
+def test_the_same_failure_after_every_restart_ends_the_run_with_the_last_error(warm_pool):
+    from training_jobs import fail_at_once
+
+    with pytest.raises(WorkerError, match="rank 1 fails every time") as failed:
+        warm_pool.launch(fail_at_once, dashboard=False, max_restarts=2)
+    attempts = failed.value.result.attempts
+    assert [attempt.status for attempt in attempts] == ["failed"] * 3
+    assert attempts[-1].error is failed.value and all(attempt.resumed_from_epoch == 0 for attempt in attempts)
+
+
+def test_start_and_the_panel_refuse_max_restarts_with_the_reason():
+    from flair_nbddp import UnknownOptionError
+
+    with pytest.raises(UnknownOptionError, match="max_restarts= is not taken here: restarts are made while launch"):
+        start(len, ([],), max_restarts=1)

@@ -168,10 +168,12 @@ def fine_tune_noting_dtypes(corpus, model_path: str, base_path: str) -> dict:
     return {"test_score": scores["test_score"], "seen": {k: sorted(v) for k, v in seen.items()}, "weights": sorted(weights)}
 
 
-def fine_tune_failing_once(corpus, model_path: str, base_path: str, marker: str) -> dict:
+def fine_tune_failing_once(corpus, model_path: str, base_path: str, marker: str, kill: bool = False) -> dict:
     """Fine-tune a tiny-transformer classifier for 4 epochs; while the file ``marker`` exists, rank 1 removes it and
-    fails at epoch 3's third batch (as a rank that dies would), after the end of epoch 2 was checkpointed."""
+    fails at epoch 3's third batch, after the end of epoch 2 was checkpointed: it raises, or with ``kill`` it is
+    killed (SIGKILL, as by the kernel's out-of-memory killer)."""
     import os
+    import signal
 
     import torch.distributed as dist
     from flair.embeddings import TransformerDocumentEmbeddings
@@ -184,6 +186,8 @@ def fine_tune_failing_once(corpus, model_path: str, base_path: str, marker: str)
         def before_training_batch(self, epoch: int, batch_no: int, **_):
             if epoch == 3 and batch_no == 2 and dist.get_rank() == 1 and os.path.exists(marker):
                 os.remove(marker)
+                if kill:
+                    os.kill(os.getpid(), signal.SIGKILL)
                 raise RuntimeError("rank 1 failed in epoch 3")
 
     model = TextClassifier(TransformerDocumentEmbeddings(model_path), label_type="sentiment",
@@ -214,3 +218,11 @@ def fine_tune_running_out_of_memory(corpus, model_path: str, base_path: str) -> 
     ModelTrainer(model, corpus).fine_tune(base_path, max_epochs=2, mini_batch_size=4, mini_batch_chunk_size=2,
                                           learning_rate=5e-3, multi_gpu=True, plugins=[OutOfMemory()])  # fmt: skip
     return {}
+
+
+def fail_at_once() -> None:
+    """Rank 1 fails as the job begins, every time."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 fails every time")

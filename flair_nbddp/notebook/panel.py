@@ -60,7 +60,10 @@ UI_BUSY_SECONDS = 0.5  # the table waits this long for a ledger another kernel i
 CONTROL_WIDTH = "380px"  # every form control, so that the grid's columns line up
 LOG_SLIDER_DECADES = 2  # a lone learning rate gets a slider this many decades either side
 _FAILED = STATUS_COLORS["failed"]
-_PANEL_DECIDES = {"dashboard": "the panel shows its own"}  # run options the panel takes none of
+_PANEL_DECIDES = {  # run options the panel takes none of
+    "dashboard": "the panel shows its own",
+    "max_restarts": "the panel's runs are not restarted yet; launch() and %%ddp_train restart",
+}
 
 
 # -- params → widgets -----------------------------------------------------------------------------
