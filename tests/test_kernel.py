@@ -174,3 +174,26 @@ def test_soak_twenty_runs_with_random_interrupts_leak_nothing(kernel):
     assert statuses.count("finished") >= 13 and set(statuses) <= {"finished", "stopped", "interrupted"}, statuses
     grew = [name for name, b, a in zip(("processes", "threads", "fds", "listening sockets"), before, after) if a > b]
     assert not grew, f"{grew} grew: (processes, threads, fds, listening sockets) went from {before} to {after}"
+
+
+def test_the_magic_restarts_a_killed_rank_from_its_last_checkpoint(kernel, tiny_model_path, tmp_path):
+    marker = tmp_path / "kill"
+    marker.touch()
+    _ok(kernel.execute("%load_ext flair_nbddp"))
+    _ok(kernel.execute(f"""
+from flair_nbddp.synthetic import sentiment_corpus
+corpus = sentiment_corpus(n_train=48, n_dev=12, n_test=12, seed=4)
+model_path, base, marker = {tiny_model_path!r}, {str(tmp_path / "out")!r}, {str(marker)!r}
+"""))
+    restarted = _ok(kernel.execute("""%%ddp_train --no-dashboard --seed 11 --max-restarts 1 --out scores
+from training_jobs import fine_tune_failing_once
+fine_tune_failing_once(corpus, model_path, base, marker, True)
+""", timeout=300))
+    assert "rank 1 died (was killed by signal SIGKILL)" in restarted.stdout
+    assert "restart 1 of 1 from the end of epoch 2" in restarted.stdout
+    assert not marker.exists()
+    linked = _ok(kernel.execute("""import flair_nbddp
+last, first = flair_nbddp.history(limit=2)
+print(last.status, first.status, last.resumed_from == first.id, scores["test_score"] >= 0)"""))
+    assert linked.stdout.strip() == "finished failed True True"
+    assert probe(kernel)[0] == 0  # no worker left
