@@ -14,7 +14,7 @@ Example:
     >>> RunOptions.of({"proceses": 2})
     Traceback (most recent call last):
     ...
-    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs, precision, resume, max_restarts, resume_force
+    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs, precision, resume, max_restarts, on_oom, resume_force
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ DEFAULT_HANG_TIMEOUT = 300.0
 OUTPUT_MODES = ("rank0", "all")
 DEVICES = ("cpu", "cuda")
 _ROLE = re.compile(r":[a-z]+:`~?([\w.]+)`")
+
+
+ON_OOM = ("fail", "halve_chunk")
 
 
 def _option(default: Any, doc: str, *, flag: dict | None = None, ddp_exec: bool = False) -> Any:
@@ -173,6 +176,13 @@ class RunOptions:
         ":attr:`RunResult.attempts <flair_nbddp.RunResult.attempts>` lists every attempt.",
         flag={"type": int, "metavar": "N"},
     )  # fmt: skip
+    on_oom: str = _option(
+        "fail", '``"fail"``: a rank out of memory ends the run with :class:`~flair_nbddp.OutOfMemoryError`; '
+        '``"halve_chunk"``: start it again from its last full checkpoint with flair\'s ``mini_batch_chunk_size`` '
+        "halved (the same effective batch, so the same schedule, in smaller pieces), down to 1 (``launch``, "
+        "``WorkerPool.launch``, ``%%ddp_train``); these restarts do not count against ``max_restarts``.",
+        flag={"choices": ON_OOM},
+    )  # fmt: skip
     resume_force: bool = _option(
         False, "resume even though the function's source or the corpus changed since the run resumed from.",
         flag={"name": "--resume-force", "const": True},
@@ -185,6 +195,11 @@ class RunOptions:
             raise ConfigurationError(
                 f"precision={self.precision!r} is not one of {', '.join(map(repr, PRECISIONS))}: fp32 is flair's "
                 "default, bf16 bfloat16 autocast, fp16 flair's use_amp"
+            )
+        if self.on_oom not in ON_OOM:
+            raise ConfigurationError(
+                f"on_oom={self.on_oom!r} is not one of {', '.join(map(repr, ON_OOM))}: 'fail' ends the run with "
+                "OutOfMemoryError, 'halve_chunk' starts it again with a halved mini_batch_chunk_size"
             )
         if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
             raise ConfigurationError(f"max_restarts={self.max_restarts!r} is not a count: give 0 (the default) or more")

@@ -94,6 +94,8 @@ class RunRecorder:
             provenance.params, digests
         )
         options = {**run.options.ledger_view(), **provenance.options}
+        if run.chunk_size is not None:  # a restart after running out of memory says with what it went on
+            options["mini_batch_chunk_size"] = run.chunk_size
         plan = run.plan
         return RunRecord(
             started_at=run.state.started_at, updated_at=time.time(), status="running",

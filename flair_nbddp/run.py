@@ -115,6 +115,8 @@ class Run:
             leave state behind). False: a run whose every rank returned after the stop leaves them as they
             are (``%%ddp_exec``, whose ranks keep their namespaces).
         stop_notice: what an interrupt's graceful stop says it does.
+        chunk_size: the ``mini_batch_chunk_size`` every flair training of the run uses instead of its own (a
+            restart after running out of memory, ``on_oom="halve_chunk"``); None: theirs.
 
     Raises:
         NotCallableError: ``fn`` is not callable.
@@ -131,6 +133,7 @@ class Run:
         provenance: Provenance | None = None,
         stop_recycles: bool = True,
         stop_notice: str = "stopping after the current batch on every rank and saving the model",
+        chunk_size: int | None = None,
     ) -> None:
         if not callable(fn):
             raise NotCallableError(f"fn must be callable (a function to run on every rank), not {type(fn).__name__}")
@@ -151,6 +154,7 @@ class Run:
         self._finishing = threading.Lock()
         self._recorder = RunRecorder(provenance, Ledger.default())
         self.stop_recycles, self.stop_notice = stop_recycles, stop_notice
+        self.chunk_size = chunk_size
 
     @property
     def record_id(self) -> int | None:
@@ -234,6 +238,7 @@ class Run:
                 distributed_eval=self.options.distributed_eval, lazy_corpus=self.options.lazy_corpus,
                 fast_inputs=self.options.fast_inputs, precision=self.options.precision,
                 resume=point.path if point else "", resume_sha256=point.sha256 if point else "",
+                chunk_size=self.chunk_size,
             )
             self._acquiring = True  # from here on the ranks may hold the job, even if acquire() never returns
             self.group = self.source.acquire(job)  # all or nothing: a source that raises has cleaned up

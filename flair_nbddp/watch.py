@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from .errors import RunHangError, WorkerError, describe_exit
+from .errors import OutOfMemoryError, RunHangError, WorkerError, describe_exit
 from .ledger.provenance import Provenance
 from .options import RunOptions
 from .result import Attempt, RunResult
@@ -50,11 +50,14 @@ def launch_and_watch(
     """:func:`flair_nbddp.launch` once its options are checked: the run built on its source, then watched; with
     ``max_restarts``, a run whose rank failed or hung is started again from its last full checkpoint (on a pool:
     its recycled workers; cold: new ones), up to that many times, each attempt shown and recorded, the last error
-    raised once they are spent. An interrupt, a stop and a ``timeout`` are never restarted."""
+    raised once they are spent. With ``on_oom="halve_chunk"`` a rank out of memory restarts it with flair's
+    ``mini_batch_chunk_size`` halved, down to 1, besides. An interrupt, a stop and a ``timeout`` are never
+    restarted."""
     attempts: list[Attempt] = []
-    resumed_from_epoch = 0
+    resumed_from_epoch, restarts, chunk_size = 0, 0, None
     while True:
-        run = Run(fn, args, kwargs or {}, source_for(options, pool), options, provenance=provenance)
+        run = Run(fn, args, kwargs or {}, source_for(options, pool), options, provenance=provenance,
+                  chunk_size=chunk_size)  # fmt: skip
         try:
             result = watch(run, options.dashboard)
         except (WorkerError, RunHangError) as error:
@@ -62,26 +65,44 @@ def launch_and_watch(
             if failed is None:  # it never started: nothing to restart
                 raise
             attempts.append(Attempt(failed.record_id, failed.status, error, resumed_from_epoch))
-            if len(attempts) > options.max_restarts:
-                if options.max_restarts:
+            smaller = _halved_chunk(error) if options.on_oom == "halve_chunk" else None
+            if smaller is None and restarts == options.max_restarts:
+                if len(attempts) > 1:
                     failed.attempts = attempts
                 raise
             if failed.checkpoints:  # else from the start, or from where this attempt itself resumed
                 options = replace(options, resume=failed)
                 resumed_from_epoch = failed.checkpoints[-1].epoch
-            print(f"flair_nbddp: {_what_failed(error, failed)}; restart {len(attempts)} of {options.max_restarts} "
-                  f"from {f'the end of epoch {resumed_from_epoch}' if resumed_from_epoch else 'the start'}",
-                  flush=True)  # fmt: skip
+            where = f"the end of epoch {resumed_from_epoch}" if resumed_from_epoch else "the start"
+            if smaller is not None:
+                chunk_size = smaller
+                print(f"flair_nbddp: {_what_failed(error, failed)}; restarting from {where} with "
+                      f"mini_batch_chunk_size={smaller}", flush=True)  # fmt: skip
+            else:
+                restarts += 1
+                print(f"flair_nbddp: {_what_failed(error, failed)}; restart {restarts} of {options.max_restarts} "
+                      f"from {where}", flush=True)  # fmt: skip
             continue
         if attempts:
             result.attempts = [*attempts, Attempt(result.record_id, result.status, None, resumed_from_epoch)]
         return result
 
 
+def _halved_chunk(error: Exception) -> int | None:
+    """After running out of memory: half the chunk size the rank had (or of its batch, unchunked); None if it was
+    1 already, or the error was another."""
+    if not isinstance(error, OutOfMemoryError):
+        return None
+    size = error.memory.get("mini_batch_chunk_size") or error.memory.get("mini_batch_size")
+    return size // 2 if size and size > 1 else None
+
+
 def _what_failed(error: WorkerError | RunHangError, failed: RunResult) -> str:
     """``rank 1 died (was killed by signal SIGKILL) at step 17``, ``rank 0 failed (ValueError)``, ``the run hung``."""
     if isinstance(error, RunHangError):
         return "the run hung"
+    if isinstance(error, OutOfMemoryError):
+        return f"rank {error.rank} ran out of memory"
     step = next((rank.step for rank in failed.ranks if rank.rank == error.rank), None)
     what = f"failed ({error.exc_type})" if error.exc_type else f"died ({describe_exit(error.exit_code)})"
     return f"rank {error.rank} {what}" + (f" at step {step}" if step else "")

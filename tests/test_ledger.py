@@ -158,7 +158,7 @@ def _fake_run(run_dir):
     plan = DevicePlan("cpu", 2, "gloo")
     return SimpleNamespace(
         options=RunOptions(), plan=plan, name="train", source=object(), seed=3,
-        state=RunState(world_size=2, device_type="cpu"), run_dir=run_dir,
+        state=RunState(world_size=2, device_type="cpu"), run_dir=run_dir, chunk_size=None,
     )  # fmt: skip
 
 

@@ -206,3 +206,24 @@ def test_start_and_the_panel_refuse_max_restarts_with_the_reason():
 
     with pytest.raises(UnknownOptionError, match="max_restarts= is not taken here: restarts are made while launch"):
         start(len, ([],), max_restarts=1)
+
+
+@pytest.mark.process
+def test_out_of_memory_with_halve_chunk_restarts_with_half_the_chunk_until_it_fits(warm_pool, tiny_model_path,
+                                                                                  tmp_path, capsys):  # fmt: skip
+    from training_jobs import fine_tune_out_of_memory_in_chunks_over_1
+
+    corpus = sentiment_corpus(n_train=32, n_dev=8, n_test=8, seed=4)
+    result = warm_pool.launch(fine_tune_out_of_memory_in_chunks_over_1, (corpus, tiny_model_path, str(tmp_path)),
+                              seed=3, dashboard=False, on_oom="halve_chunk")  # fmt: skip
+    assert result.status == "finished" and [attempt.status for attempt in result.attempts] == ["failed"] * 2 + ["finished"]
+    assert all(isinstance(attempt.error, flair_nbddp.OutOfMemoryError) for attempt in result.attempts[:2])
+    assert [attempt.resumed_from_epoch for attempt in result.attempts] == [0, 1, 1]  # each from the end of epoch 1
+    out = capsys.readouterr().out
+    assert "rank 1 ran out of memory; restarting from the end of epoch 1 with mini_batch_chunk_size=2" in out
+    assert "with mini_batch_chunk_size=1" in out
+    records = flair_nbddp.history(limit=3)
+    assert [record.options.get("mini_batch_chunk_size") for record in records] == [1, 2, None]  # newest first
+    with pytest.raises(flair_nbddp.OutOfMemoryError):  # without it: the error
+        warm_pool.launch(fine_tune_out_of_memory_in_chunks_over_1, (corpus, tiny_model_path, str(tmp_path / "f")),
+                         seed=3, dashboard=False)  # fmt: skip

@@ -226,3 +226,32 @@ def fail_at_once() -> None:
 
     if dist.get_rank() == 1:
         raise ValueError("rank 1 fails every time")
+
+
+def fine_tune_out_of_memory_in_chunks_over_1(corpus, model_path: str, base_path: str) -> dict:
+    """Fine-tune a tiny-transformer classifier for 2 epochs in chunks of 4 (batches of 4); rank 1 runs out of
+    memory (as torch reports it on a GPU) in epoch 2 while flair computes its batches in chunks of more than 1."""
+    import torch
+    import torch.distributed as dist
+    from flair.embeddings import TransformerDocumentEmbeddings
+    from flair.models import TextClassifier
+    from flair.trainers import ModelTrainer
+    from flair.trainers.plugins import TrainerPlugin
+
+    class OutOfMemory(TrainerPlugin):
+        chunk = None
+
+        @TrainerPlugin.hook
+        def after_setup(self, mini_batch_chunk_size=None, **_):
+            self.chunk = mini_batch_chunk_size
+
+        @TrainerPlugin.hook
+        def before_training_optimizer_step(self, epoch: int, batch_no: int, **_):
+            if epoch == 2 and batch_no == 1 and dist.get_rank() == 1 and self.chunk > 1:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    model = TextClassifier(TransformerDocumentEmbeddings(model_path), label_type="sentiment",
+                           label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False))  # fmt: skip
+    scores = ModelTrainer(model, corpus).fine_tune(base_path, max_epochs=2, mini_batch_size=4, mini_batch_chunk_size=4,
+                                                   learning_rate=5e-3, multi_gpu=True, plugins=[OutOfMemory()])  # fmt: skip
+    return {"test_score": scores["test_score"]}

@@ -66,6 +66,7 @@ class Job:
     precision: str = "fp32"
     resume: str = ""  # a checkpoint its first training continues from ("": none), and the file's sha256
     resume_sha256: str = ""
+    chunk_size: int | None = None  # flair's mini_batch_chunk_size, imposed on its trainings (on_oom="halve_chunk")
     shared: tuple[str, ...] = ()
     key: str = field(default_factory=lambda: uuid.uuid4().hex)  # names this job in the ranks' shared store
 

@@ -1,6 +1,6 @@
 """A job's full checkpoints as files: what a checkpoint holds of a process (its random number generators), how it
 is written (whole or not at all) and read (only if it is the file the run wrote), and where this job writes and
-resumes from. No flair here: the worker calls :func:`start_job` for every job, flair or not, and
+resumes from (with, for a run restarted after running out of memory, the smaller chunk size it resumes with). No flair here: the worker calls :func:`start_job` for every job, flair or not, and
 :mod:`.checkpoints` (the flair plugin) asks it for the rest.
 """
 
@@ -79,16 +79,25 @@ class _Job:
     directory: Path | None = None
     resume: str = ""
     resume_sha256: str = ""
+    chunk_size: int | None = None
 
 
 _JOB = _Job()
 
 
-def start_job(directory: str | Path | None, resume: str = "", resume_sha256: str = "") -> None:
-    """A job begins: its trainings write their checkpoints in ``directory`` (None: none), and the first resumes
-    from the checkpoint at ``resume`` (if given) when its sha256 is ``resume_sha256``."""
+def start_job(
+    directory: str | Path | None, resume: str = "", resume_sha256: str = "", chunk_size: int | None = None
+) -> None:
+    """A job begins: its trainings write their checkpoints in ``directory`` (None: none), the first resumes from
+    the checkpoint at ``resume`` (if given) when its sha256 is ``resume_sha256``, and, in a run restarted after
+    running out of memory, every training computes its batches in pieces of ``chunk_size``."""
     global _JOB
-    _JOB = _Job(Path(directory) if directory else None, resume, resume_sha256)
+    _JOB = _Job(Path(directory) if directory else None, resume, resume_sha256, chunk_size)
+
+
+def job_chunk_size() -> int | None:
+    """The ``mini_batch_chunk_size`` this job imposes on flair's trainings (None: theirs)."""
+    return _JOB.chunk_size
 
 
 def job_directory() -> Path | None:

@@ -330,6 +330,8 @@ def instrument_trainer(
         checkpointing = _checkpointing(sender, rank, world_size, control_group)
         if checkpointing is not None and checkpointing.start_epoch:
             kwargs["epoch"] = checkpointing.start_epoch  # flair's own argument: the epoch it goes on after
+        if checkpoint_files.job_chunk_size() is not None:  # a restart after running out of memory
+            kwargs["mini_batch_chunk_size"] = checkpoint_files.job_chunk_size()
         ours = [streaming] if checkpointing is None else [streaming, checkpointing]
         ddp_exec.training(True)  # an interrupt of a %%ddp_exec cell waits for the same-batch stop
         try:
