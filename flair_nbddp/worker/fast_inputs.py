@@ -199,8 +199,6 @@ class CachingTokenizer:
         store = store_for(self._real, settings)
         keys = [key(sentence) for sentence in words]
         found = store.rows(keys)
-        if None in found and input_thread.wait_for(keys):  # the input thread is tokenizing some of them now
-            found = store.rows(keys)
         input_thread.count_hits(keys, found)
         missing = [index for index, rows in enumerate(found) if rows is None]
         if missing:

@@ -1,16 +1,19 @@
-"""The next training batch tokenized while the device computes this one.
+"""The next training batch read and tokenized in a thread while the device computes this one.
 
-flair's trainer reads its batches from a ``flair.datasets.DataLoader``. In a worker, the trainer's loader reads one
-batch ahead when the job looks ahead (fast inputs on a GPU: :func:`.fast_inputs.start_job`): as it hands batch *k*
-to the trainer it hands batch *k+1*'s sentences to a thread, which tokenizes those not kept yet, with its own copy
-of each embedding's tokenizer, into the kept encodings (:mod:`.kept_inputs`). The fast tokenizer's work runs
-without the interpreter lock, so it overlaps the main thread's wait for the GPU; when flair then embeds batch
-*k+1*, its encodings are there.
+flair's trainer reads its batches from a ``flair.datasets.DataLoader`` on its one thread: each batch's sentences
+are built (a lazy corpus builds them from the shipped bytes when read), then embedded, which tokenizes them. In a
+worker whose job looks ahead (fast inputs on a GPU: :func:`.fast_inputs.start_job`), the trainer's loader reads
+its first batch itself, then hands the rest of the epoch to a thread that reads the next batch and tokenizes its
+sentences not kept yet (with its own copy of each embedding's tokenizer, into the kept encodings:
+:mod:`.kept_inputs`), one batch ahead. The thread's work runs while the main thread waits for the GPU; when flair
+embeds the batch, its sentences are built and their encodings are there.
 
-Reading ahead changes nothing flair draws: the sampler's order is fixed when the loader starts, and reading a
-sentence draws no random numbers. The thread tokenizes a data point's own tokens, which is what flair embeds for a
-sentence (a classifier's, a tagger's); an embedding whose model embeds other text (a pair classifier joins its two
-sentences) gets none of its sentences from the thread, which stops tokenizing for it after three batches.
+Reading ahead changes nothing flair draws: the first batch is read on the trainer's thread (a random sampler draws
+its order then), the samplers read ahead draw nothing after that (torch's distributed, random and sequential ones;
+any other sampler is read on the trainer's thread, as flair does), and building or tokenizing a sentence draws
+nothing. The thread tokenizes a data point's own tokens, which is what flair embeds for a sentence (a classifier's,
+a tagger's); it leaves data points that are not sentences (a pair classifier's pairs) alone, and stops tokenizing
+for an embedding after three batches of which flair used nothing (a model that embeds other text).
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ import copy
 import queue
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from .kept_inputs import key
 
-_USELESS_AFTER = 3  # batches tokenized ahead for an embedding with no sentence of them used: the thread stops
+_USELESS_AFTER = 3  # batches tokenized ahead for an embedding of which flair used nothing: the thread stops
 _END = object()
 
 
@@ -37,26 +41,14 @@ class _Watch:
         self.batches = self.used = 0
 
 
-class _Item:
-    """A batch's sentences for one embedding, queued; ``done`` is set once the thread has kept them."""
-
-    def __init__(self, watch_: _Watch, words: list[list[str]]) -> None:
-        self.watch, self.words = watch_, words
-        self.keys = [key(sentence) for sentence in words]
-        self.done = threading.Event()
-
-
 _WATCHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # embedding -> _Watch, this job's
-_WORK: queue.Queue = queue.Queue(maxsize=2)
-_PENDING: list[_Item] = []  # queued or being tokenized
-_THREAD: threading.Thread | None = None
 _AHEAD = False  # this job reads ahead
 _ENCODE: Any = None  # fast_inputs.encode: tokenize sentences into a store
 
 
 def install(encode: Any) -> None:
-    """Give flair's trainer the loader that reads one batch ahead (its module's name only); the thread keeps
-    sentences with ``encode(tokenizer, store, keys, words, settings)``."""
+    """Give flair's trainer the loader that reads ahead (its module's name only); the thread keeps sentences with
+    ``encode(tokenizer, store, keys, words, settings)``."""
     global _ENCODE
     import flair.trainers.trainer
 
@@ -66,16 +58,10 @@ def install(encode: Any) -> None:
 
 
 def start_job(ahead: bool) -> None:
-    """A job begins: it reads ahead if ``ahead``; the last job's embeddings, and anything queued for them, are
-    forgotten."""
+    """A job begins: it reads ahead if ``ahead``; the last job's embeddings are forgotten."""
     global _AHEAD
     _AHEAD = ahead
     _WATCHED.clear()
-    while True:
-        try:
-            _finish(_WORK.get_nowait())
-        except queue.Empty:
-            return
 
 
 def watch(embedding: Any, store: Any, settings: Any) -> None:
@@ -89,89 +75,105 @@ def count_hits(keys: list[bytes], found: list) -> None:
     """flair asked for ``keys``: note which came from the thread."""
     for watch_ in list(_WATCHED.values()):
         if watch_.ahead:
-            hits = [key for key, rows in zip(keys, found) if rows is not None and key in watch_.ahead]
+            hits = [key_ for key_, rows in zip(keys, found) if rows is not None and key_ in watch_.ahead]
             watch_.used += len(hits)
             watch_.ahead.difference_update(hits)
 
 
-def wait_for(keys: list[bytes]) -> bool:
-    """If any of ``keys`` is queued for the thread, wait until the thread has kept them (so that no sentence is
-    tokenized twice) and say so."""
-    waited = False
-    for item in list(_PENDING):
-        if not set(item.keys).isdisjoint(keys):
-            item.done.wait()
-            waited = True
-    return waited
-
-
-def foresee(batch: list) -> None:
-    """Queue ``batch``'s sentences for the thread (skipped when it is two batches behind)."""
+def tokenize_ahead(batch: list) -> None:
+    """Keep the encodings of ``batch``'s sentences for every watched embedding (what the thread does with each
+    batch it reads)."""
     from flair.data import Sentence
 
     if not _WATCHED or not all(isinstance(point, Sentence) for point in batch):
         return
     words = [[token.text for token in point.tokens] for point in batch]
-    for embedding, watch_ in list(_WATCHED.items()):
+    keys = [key(sentence) for sentence in words]
+    for watch_ in list(_WATCHED.values()):
         if watch_.batches >= _USELESS_AFTER and not watch_.used:
             continue
-        item = _Item(watch_, words)
-        _PENDING.append(item)
+        missing = [index for index, rows in enumerate(watch_.store.rows(keys)) if rows is None]
+        if missing:
+            chosen = [keys[index] for index in missing]
+            _ENCODE(watch_.tokenizer, watch_.store, chosen, [words[index] for index in missing], watch_.settings)
+            watch_.ahead.update(chosen)
+        watch_.batches += 1
+
+
+class _Reader:
+    """Reads ``batches`` in a thread, one batch ahead of the caller, each tokenized before the caller gets it."""
+
+    def __init__(self, batches: Iterator) -> None:
+        self._batches = batches
+        self._ready: queue.Queue = queue.Queue(maxsize=1)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="flair_nbddp-inputs", daemon=True)
+        self._thread.start()
+
+    def __next__(self) -> Any:
+        batch, error = self._ready.get()
+        if error is not None:
+            raise error
+        return batch
+
+    def close(self) -> None:
+        """Stop reading (the trainer left the epoch early); the thread ends within a tenth of a second."""
+        self._closed.set()
+        self._thread.join()
+
+    def _read(self) -> None:
         try:
-            _WORK.put_nowait(item)
-        except queue.Full:
-            _finish(item)
-            return
-        _ensure_thread()
+            for batch in self._batches:
+                tokenize_ahead(batch)
+                if not self._put((batch, None)):
+                    return
+            self._put((_END, None))
+        except BaseException as error:  # noqa: BLE001 - raised on the trainer's thread, where it belongs
+            self._put((None, error))
 
-
-def _ensure_thread() -> None:
-    global _THREAD
-    if _THREAD is None or not _THREAD.is_alive():
-        _THREAD = threading.Thread(target=_serve, name="flair_nbddp-inputs", daemon=True)
-        _THREAD.start()
-
-
-def _serve() -> None:
-    while True:
-        item = _WORK.get()
-        try:
-            watch_ = item.watch
-            missing = [index for index, rows in enumerate(watch_.store.rows(item.keys)) if rows is None]
-            if missing:
-                chosen = [item.keys[index] for index in missing]
-                words = [item.words[index] for index in missing]
-                _ENCODE(watch_.tokenizer, watch_.store, chosen, words, watch_.settings)
-                watch_.ahead.update(chosen)
-            watch_.batches += 1
-        finally:
-            _finish(item)
-
-
-def _finish(item: _Item) -> None:
-    item.done.set()
-    if item in _PENDING:
-        _PENDING.remove(item)
+    def _put(self, item: tuple) -> bool:
+        while not self._closed.is_set():
+            try:
+                self._ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
 
 class _LookAhead:
     """Marks the loader type that reads ahead."""
 
 
+def _samples_without_drawing(loader: Any) -> bool:
+    """Whether the loader's sampler draws nothing after its first batch: torch's distributed, random and
+    sequential samplers (the ones flair's trainer makes)."""
+    from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
+
+    return loader.batch_sampler is not None and type(loader.sampler) in (
+        DistributedSampler, RandomSampler, SequentialSampler
+    )  # fmt: skip
+
+
 def _look_ahead_type(loader: type) -> type:
     class LookAheadLoader(loader, _LookAhead):
-        """flair's loader, handing the next batch to the input thread as it yields this one."""
+        """flair's loader, its batches after the first read and tokenized a batch ahead in a thread."""
 
         def __iter__(self):
             batches = super().__iter__()
-            if not _AHEAD:
+            if not _AHEAD or not _samples_without_drawing(self):
                 yield from batches
                 return
-            ahead = next(batches, _END)
-            while ahead is not _END:
-                batch, ahead = ahead, next(batches, _END)
-                if ahead is not _END:
-                    foresee(ahead)
-                yield batch
+            first = next(batches, _END)  # here: a random sampler draws its order as the first batch is read
+            if first is _END:
+                return
+            reader = _Reader(batches)
+            try:
+                batch = first
+                while batch is not _END:
+                    yield batch
+                    batch = next(reader)
+            finally:
+                reader.close()
 
     return LookAheadLoader
