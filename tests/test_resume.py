@@ -151,6 +151,9 @@ def test_a_changed_or_missing_checkpoint_or_another_world_size_or_no_run_is_refu
     path.unlink()
     with pytest.raises(ResumeError, match="is gone"):
         resume_point(record, _new(record), 2, False, ledger)
+    on_a_node = _new(record, id=8, checkpoints=[{"epoch": 2, "path": f"node-3:{path}", "sha256": "x"}])
+    with pytest.raises(ResumeError, match=f"ran on a Dask cluster: its checkpoint {path} is on node node-3"):
+        resume_point(on_a_node, _new(record), 2, False, ledger)
     with pytest.raises(ResumeError, match="wrote no checkpoint"):
         resume_point(_new(record, id=7), _new(record), 2, False, ledger)
 
