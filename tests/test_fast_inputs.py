@@ -298,9 +298,10 @@ def test_the_input_thread_tokenizes_the_next_batch_ahead_and_training_stays_flai
     flairs, _ = _trained(models["wordpiece"], tmp_path / "flair", enabled=False, ahead=False)
     ours, tokenized = _trained(models["wordpiece"], tmp_path / "ahead", enabled=True, ahead=True)
     assert all(torch.equal(a, b) for a, b in zip(ours, flairs, strict=True))
-    # 64 sentences in 8 batches: the first 3 (read before flair first embedded one: the thread did not know the
-    # embedding yet), dev and test on the main thread; the other 5, each sentence once, in the thread
-    assert tokenized["ahead"] == 40 and tokenized["main"] + tokenized["ahead"] == 64 + 8 + 8
+    # 64 sentences in 8 batches: the first on the main thread, which also tokenizes the next two if the thread read
+    # them before flair first embedded a batch (it learns the embedding then); dev and test on the main thread; the
+    # rest in the thread; each sentence once
+    assert 40 <= tokenized["ahead"] <= 56 and tokenized["main"] + tokenized["ahead"] == 64 + 8 + 8
 
 
 def test_the_input_thread_stops_for_a_model_that_embeds_other_text_than_its_data_points(models, fast, tmp_path):
