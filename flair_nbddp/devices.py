@@ -30,10 +30,16 @@ class DevicePlan:
 
     Attributes:
         device_type: ``"cuda"`` or ``"cpu"``.
-        world_size: number of worker processes (one per GPU on CUDA).
-        backend: ``"nccl"`` on CUDA, ``"gloo"`` on CPU.
-        gpus: the GPUs chosen with ``gpus=``, as torch numbers them in this process (rank r runs on
-            ``gpus[r]``); None: the first ``world_size`` GPUs torch sees.
+        world_size: number of worker processes (one per GPU on CUDA, unless they share them).
+        backend: ``"nccl"`` on CUDA, ``"gloo"`` on CPU, and on CUDA when ranks share GPUs (NCCL cannot).
+        gpus: the GPUs chosen with ``gpus=`` (or, when ranks share them, every GPU they share), as torch numbers
+            them in this process: rank r runs on ``gpus[r % len(gpus)]``; None: the first ``world_size`` GPUs
+            torch sees.
+
+    Example:
+        >>> plan = DevicePlan("cuda", 4, "gloo", (0,))      # resolve_devices("cuda", 4, share_gpus=True), 1 GPU
+        >>> str(plan), plan.device_for(3)
+        ('4 × cuda sharing GPU 0 (gloo)', 'cuda:0')
     """
 
     device_type: str
@@ -43,7 +49,26 @@ class DevicePlan:
 
     def __str__(self) -> str:
         chosen = f" {','.join(map(str, self.gpus))}" if self.gpus is not None else ""
+        if self.shares_gpus:
+            chosen = f" sharing GPU{'s' if len(self.gpus) > 1 else ''}{chosen}"
         return f"{self.world_size} × {self.device_type}{chosen} ({self.backend})"
+
+    @property
+    def shares_gpus(self) -> bool:
+        """True when several ranks run on one GPU (``share_gpus=True`` with more ranks than GPUs): a rehearsal."""
+        return self.device_type == "cuda" and self.backend == "gloo"
+
+    def rehearsal_notice(self) -> str | None:
+        """What a run sharing GPUs says once as it starts; None for any other plan.
+
+        Example:
+            >>> DevicePlan("cuda", 2, "gloo", (0,)).rehearsal_notice()
+            'rehearsal: 2 ranks share GPU 0 over gloo; speed is not representative'
+        """
+        if not self.shares_gpus:
+            return None
+        gpus = f"GPU{'s' if len(self.gpus) > 1 else ''} {','.join(map(str, self.gpus))}"
+        return f"rehearsal: {self.world_size} ranks share {gpus} over gloo; speed is not representative"
 
     def mismatch(
         self, processes: int | None, device: str | None, gpus: Sequence[int] | None = None
@@ -70,8 +95,11 @@ class DevicePlan:
 
     def device_for(self, rank: int) -> str:
         """The torch device string of ``rank``: ``"cuda:<rank>"`` or ``"cpu"`` (with ``gpus``, each worker sees
-        only the chosen GPUs, in their order, so rank r's is its ``cuda:r``)."""
-        return f"cuda:{rank}" if self.device_type == "cuda" else "cpu"
+        only the chosen GPUs, in their order, so rank r's is its ``cuda:r``; ranks sharing them take them in
+        turn, ``cuda:<rank % len(gpus)>``)."""
+        if self.device_type != "cuda":
+            return "cpu"
+        return f"cuda:{rank % len(self.gpus) if self.gpus else rank}"
 
     def rank_environment(self, rank: int, port: int) -> dict[str, str]:
         """Variables a worker needs for ``init_process_group(init_method="env://")``."""
@@ -171,7 +199,7 @@ def env_processes() -> int | None:
     return int(value)
 
 
-def _check_gpus(gpus: Sequence[int], device: str | None, processes: int | None) -> tuple[int, ...]:
+def _check_gpus(gpus: Sequence[int], device: str | None, processes: int | None, share: bool) -> tuple[int, ...]:
     if isinstance(gpus, (str, bytes)) or not isinstance(gpus, Sequence) or not gpus:
         raise DeviceError(f"gpus={gpus!r} must be a non-empty list of GPU numbers, e.g. gpus=[0, 2].")
     if any(isinstance(gpu, bool) or not isinstance(gpu, int) for gpu in gpus):
@@ -181,10 +209,11 @@ def _check_gpus(gpus: Sequence[int], device: str | None, processes: int | None) 
         raise DeviceError(f"gpus={list(chosen)} names a GPU twice: NCCL needs one GPU per process.")
     if device not in (None, "cuda"):
         raise DeviceError(f"gpus={list(chosen)} chooses GPUs, but device={device!r}: leave one of them out.")
-    if processes is not None and processes != len(chosen):
+    if processes is not None and processes != len(chosen) and not (share and processes > len(chosen)):
         raise DeviceError(
             f"gpus={list(chosen)} runs one process per GPU ({len(chosen)}), not processes={processes}: "
-            "leave processes out."
+            "leave processes out"
+            + (f", or add share_gpus=True to rehearse {processes} ranks on them." if processes > len(chosen) else ".")
         )
     count = visible_gpu_count()
     unknown = [gpu for gpu in chosen if not 0 <= gpu < count]
@@ -197,19 +226,27 @@ def _check_gpus(gpus: Sequence[int], device: str | None, processes: int | None) 
 
 
 def resolve_devices(
-    device: str | None = None, processes: int | None = None, gpus: Sequence[int] | None = None
-) -> DevicePlan:
+    device: str | None = None, processes: int | None = None, gpus: Sequence[int] | None = None,
+    share_gpus: bool = False,
+) -> DevicePlan:  # fmt: skip
     """Decide the device type, world size, GPUs and backend of a run.
 
     Explicit arguments win over the environment variables ``FLAIR_NBDDP_DEVICE`` (``cpu``/``cuda``) and
     ``FLAIR_NBDDP_PROCESSES``, which win over the defaults: every visible GPU with NCCL, else
     2 CPU processes with gloo. ``gpus=[0, 2]`` runs one process on each of those GPUs (as torch numbers them
     here), also after this process has initialised CUDA: each worker is started with only them visible.
+    ``share_gpus=True`` lets more CUDA processes than GPUs run, the GPUs taken in turn, over gloo (NCCL takes one
+    rank per GPU): a rehearsal of a multi-GPU run. With as many GPUs as processes it changes nothing, and where the
+    run lands on CPU (no GPU, ``FLAIR_NBDDP_DEVICE=cpu``) neither: CPU ranks share the CPU anyway.
+
+    Example:
+        >>> resolve_devices("cpu", 2, share_gpus=True)     # on CPU: nothing to share
+        DevicePlan(device_type='cpu', world_size=2, backend='gloo', gpus=None)
 
     Raises:
         DeviceError: (a ``ValueError``) for a device other than cpu/cuda, a non-positive process count, CUDA
-            without GPUs, more CUDA processes than GPUs, or GPUs that are not there (the message lists those
-            that are).
+            without GPUs, more CUDA processes than GPUs without ``share_gpus``, or GPUs that are not there (the
+            message lists those that are).
         UnsupportedPlatformError: on Windows (the workers need POSIX).
     """
     require_posix()
@@ -223,8 +260,9 @@ def resolve_devices(
         if device not in DEVICE_TYPES:
             raise DeviceError(f"device={device!r} is not supported: use 'cuda', 'cpu' or None (automatic).")
     if gpus is not None:
-        chosen = _check_gpus(gpus, device, processes)
-        return DevicePlan("cuda", len(chosen), "nccl", chosen)
+        chosen = _check_gpus(gpus, device, processes, share_gpus)
+        processes = processes or len(chosen)
+        return DevicePlan("cuda", processes, "gloo" if processes > len(chosen) else "nccl", chosen)
     device = device or env_device()
     if processes is None:
         processes = env_processes()
@@ -241,13 +279,27 @@ def resolve_devices(
                 "Use device='cpu' to rehearse on CPU processes, or check CUDA_VISIBLE_DEVICES and the driver."
             )
         processes = processes or gpus
-        if processes > gpus:
+        if processes > gpus and not share_gpus:
             raise DeviceError(
                 f"processes={processes} but only {gpus} GPU(s) are visible: NCCL needs one GPU per process. "
-                f"Use processes<={gpus}, or device='cpu' for CPU processes."
+                f"Use processes<={gpus}, device='cpu' for CPU processes, or share_gpus=True to rehearse {processes} "
+                f"ranks on {'it' if gpus == 1 else 'them'} over gloo."
             )
-        return DevicePlan("cuda", processes, "nccl")
+        return cuda_plan(processes, gpus)
     return DevicePlan("cpu", processes or DEFAULT_CPU_PROCESSES, "gloo")
+
+
+def cuda_plan(processes: int, visible: int) -> DevicePlan:
+    """``processes`` CUDA ranks where ``visible`` GPUs are: one on each of the first ones over NCCL, or, with more
+    ranks than GPUs, sharing them all over gloo.
+
+    Example:
+        >>> str(cuda_plan(2, 4)), str(cuda_plan(4, 2))
+        ('2 × cuda (nccl)', '4 × cuda sharing GPUs 0,1 (gloo)')
+    """
+    if processes > visible:
+        return DevicePlan("cuda", processes, "gloo", tuple(range(visible)))
+    return DevicePlan("cuda", processes, "nccl")
 
 
 def rendezvous_socket(host: str = "127.0.0.1") -> socket.socket:

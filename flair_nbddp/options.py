@@ -14,7 +14,7 @@ Example:
     >>> RunOptions.of({"proceses": 2})
     Traceback (most recent call last):
     ...
-    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs, precision, resume, max_restarts, on_oom, resume_force
+    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, share_gpus, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs, precision, resume, max_restarts, on_oom, resume_force
 """
 
 from __future__ import annotations
@@ -96,6 +96,12 @@ class RunOptions:
         None, "run on these GPUs only, one process each, e.g. ``[0, 2]`` (numbered as torch numbers them in this "
         "kernel); works after the kernel has initialised CUDA, unlike setting ``CUDA_VISIBLE_DEVICES``.",
         flag={"metavar": "0,2", "type": numbers("--gpus", "GPU")},
+    )  # fmt: skip
+    share_gpus: bool = _option(
+        False, "with more CUDA processes than GPUs (``processes=4`` on one GPU), run them anyway, the GPUs taken in "
+        "turn, over gloo (NCCL takes one rank per GPU): a rehearsal of a multi-GPU run, correct but not fast; the run "
+        "says so and the ledger records its devices. Changes nothing with a GPU per process, or on CPU.",
+        flag={"name": "--share-gpus", "const": True},
     )  # fmt: skip
     cluster: Any = _option(
         None, "run on a Dask cluster instead of this machine: a ``distributed.Client`` (``LocalCluster``, "
@@ -239,7 +245,7 @@ class RunOptions:
         return {name: getattr(self, name) for name in option_names() if name not in _RECORDED_APART}
 
 
-_RECORDED_APART = ("processes", "device", "gpus", "cluster", "dashboard", "run_dir", "seed", "resume", "resume_force")  # noqa: E501
+_RECORDED_APART = ("processes", "device", "gpus", "share_gpus", "cluster", "dashboard", "run_dir", "seed", "resume", "resume_force")  # noqa: E501
 # ...as its devices, directory, seed and the run it resumed from
 
 

@@ -78,6 +78,8 @@ class WorkerPool:
         processes: number of workers; default every visible GPU, else 2 CPU processes.
         device: ``"cuda"``, ``"cpu"`` or None (automatic), as for :func:`~flair_nbddp.launch`.
         gpus: these GPUs only, one worker each (e.g. ``[0, 2]``), as for :func:`~flair_nbddp.launch`.
+        share_gpus: let more workers than GPUs share them, over gloo (a rehearsal), as for
+            :func:`~flair_nbddp.launch`.
         run_dir: where the workers' start-up output and stack dumps go; default a new private directory.
             Each job's output goes to its own run directory.
         cluster: keep the ranks warm on a Dask cluster instead (a ``distributed.Client`` or a scheduler address),
@@ -103,8 +105,9 @@ class WorkerPool:
         *,
         gpus: Sequence[int] | None = None,
         cluster: Any = None,
+        share_gpus: bool = False,
     ) -> None:
-        source = new_workers(processes, device, gpus, cluster)  # checks the devices, places the ranks
+        source = new_workers(processes, device, gpus, cluster, share_gpus)  # checks the devices, places the ranks
         self.plan: DevicePlan = source.plan
         self._new_group, self.where = source.new_group, source.where
         self.home = RunDir.create(run_dir, prefix="pool-")

@@ -38,8 +38,8 @@ from .ledger.store import Ledger
 from .options import RunOptions
 from .rank_output import RankOutput
 from .recorder import RunRecorder
-from .resume import resume_point
 from .result import RunResult
+from .resume import resume_point
 from .rundir import RunDir
 from .state import RunState
 from .supervisor import Limits, Supervisor
@@ -232,6 +232,9 @@ class Run:
                 record.resumed_from = point.record_id
                 print(f"flair_nbddp: {point.describe()}")
             self._recorder.begin(self, record)
+            notice = self.plan.rehearsal_notice()
+            if notice:
+                print(f"flair_nbddp: {notice}", flush=True)
             self._call = None
             job = Job(
                 str(self.dir.payload), str(self.dir.result), self.seed, str(self.run_dir),

@@ -138,15 +138,21 @@ class ColdWorkers:
 
 
 def new_workers(
-    processes: int | None, device: str | None, gpus: Sequence[int] | None, cluster: Any = None
-) -> ColdWorkers:
+    processes: int | None, device: str | None, gpus: Sequence[int] | None, cluster: Any = None,
+    share_gpus: bool = False,
+) -> ColdWorkers:  # fmt: skip
     """New workers for one run: on this machine, or one rank per Dask worker of ``cluster`` (a
     ``distributed.Client`` or a scheduler address; see :mod:`flair_nbddp.cluster.client`)."""
     if cluster is None:
-        return ColdWorkers(resolve_devices(device, processes, gpus))
+        return ColdWorkers(resolve_devices(device, processes, gpus, share_gpus))
     from .cluster.client import connect, place
     from .cluster.ranks import cluster_group_factory
 
+    if share_gpus:
+        raise ConfigurationError(
+            "share_gpus=True rehearses several ranks on this machine's GPUs; on a cluster each Dask worker with a GPU "
+            "runs one rank: leave share_gpus out there (rehearse on this machine first, without cluster=)"
+        )
     if gpus is not None:
         raise ConfigurationError(
             "gpus= picks GPUs of this machine; on a cluster every Dask worker with a GPU runs one rank: leave gpus "
@@ -167,7 +173,7 @@ def source_for(options: RunOptions, pool: WorkerSource | None) -> WorkerSource:
         ClusterError: the cluster cannot take the ranks.
     """
     if pool is None:
-        return new_workers(options.processes, options.device, options.gpus, options.cluster)
+        return new_workers(options.processes, options.device, options.gpus, options.cluster, options.share_gpus)
     if options.cluster is not None:
         raise ConfigurationError(
             "pool= and cluster= both say where to run: a pool made with WorkerPool(cluster=...) runs on its cluster "

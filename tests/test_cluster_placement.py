@@ -139,6 +139,8 @@ def test_cluster_takes_a_client_a_cluster_object_or_an_address(monkeypatch):
 def test_cluster_conflicts_with_gpus_and_with_a_pool_before_anything_starts():
     with pytest.raises(ConfigurationError, match="gpus= picks GPUs of this machine"):
         launch(print, cluster=_gpu_cluster(), gpus=[0], dashboard=False)
+    with pytest.raises(ConfigurationError, match="share_gpus=True rehearses several ranks on this machine's GPUs"):
+        launch(print, cluster=_gpu_cluster(), share_gpus=True, dashboard=False)
     with WorkerPool(2, "cpu") as pool:
         with pytest.raises(ConfigurationError, match="pool= and cluster= both say where to run"):
             launch(print, pool=pool, cluster=_gpu_cluster(), dashboard=False)

@@ -146,3 +146,40 @@ def test_without_posix_every_start_is_refused_naming_the_way_out(monkeypatch):
     for attempt in (lambda: launch(print), lambda: WorkerPool(), lambda: resolve_devices("cpu", 2)):
         with pytest.raises(UnsupportedPlatformError, match="needs a POSIX system .* has no killpg. .* WSL 2"):
             attempt()
+
+
+def test_ranks_sharing_a_gpu_take_it_in_turn_over_gloo(monkeypatch):
+    monkeypatch.setattr(devices, "visible_gpu_count", lambda: 1)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    plan = resolve_devices("cuda", 4, share_gpus=True)
+    assert plan == devices.DevicePlan("cuda", 4, "gloo", (0,)) and plan.shares_gpus
+    assert str(plan) == "4 × cuda sharing GPU 0 (gloo)"
+    assert [plan.device_for(rank) for rank in range(4)] == ["cuda:0"] * 4
+    assert plan.rank_environment(3, 1)["CUDA_VISIBLE_DEVICES"] == "0"
+    assert plan.rehearsal_notice() == "rehearsal: 4 ranks share GPU 0 over gloo; speed is not representative"
+    assert plan.mismatch(4, "cuda", None) is None and plan.mismatch(None, None, [0]) is None  # a pool of it
+
+
+def test_chosen_gpus_can_be_shared_round_robin(four_gpus):
+    plan = resolve_devices(gpus=[2, 3], processes=4, share_gpus=True)
+    assert str(plan) == "4 × cuda sharing GPUs 2,3 (gloo)"
+    assert [plan.device_for(rank) for rank in range(4)] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    assert plan.rank_environment(0, 1)["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+def test_sharing_changes_nothing_with_a_gpu_per_process_or_on_cpu(four_gpus, monkeypatch):
+    assert resolve_devices("cuda", 2, share_gpus=True) == devices.DevicePlan("cuda", 2, "nccl")
+    assert resolve_devices(gpus=[1], share_gpus=True) == devices.DevicePlan("cuda", 1, "nccl", (1,))
+    assert resolve_devices("cpu", 2, share_gpus=True) == devices.DevicePlan("cpu", 2, "gloo")
+    assert devices.DevicePlan("cuda", 2, "nccl").rehearsal_notice() is None
+    monkeypatch.setattr(devices, "visible_gpu_count", lambda: 0)
+    assert resolve_devices(processes=2, share_gpus=True) == devices.DevicePlan("cpu", 2, "gloo")
+
+
+def test_more_ranks_than_gpus_without_sharing_name_the_option(four_gpus):
+    with pytest.raises(devices.DeviceError, match="only 4 GPU.*share_gpus=True to rehearse 8 ranks on them over gloo"):
+        resolve_devices("cuda", 8)
+    with pytest.raises(devices.DeviceError, match="not processes=3: leave processes out, or add share_gpus=True"):
+        resolve_devices(gpus=[0, 1], processes=3)
+    with pytest.raises(devices.DeviceError, match=r"not processes=1: leave processes out\.$"):
+        resolve_devices(gpus=[0, 1], processes=1, share_gpus=True)

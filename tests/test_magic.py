@@ -168,6 +168,24 @@ def test_timeouts_seed_and_gpus_reach_launch(shell, launched):
     assert launched[1]["distributed_eval"] is False
 
 
+def test_sharing_gpus_reaches_launch_and_the_pool(shell, launched, monkeypatch):
+    from flair_nbddp import WorkerPool, devices
+    from flair_nbddp.notebook.magic import current_pool, set_current_pool
+
+    shell.run_cell_magic("ddp_train", "--share-gpus --processes 4", "1")
+    assert launched[0]["share_gpus"] is True and launched[0]["processes"] == 4
+    shell.run_cell_magic("ddp_train", "", "1")
+    assert launched[1]["share_gpus"] is False
+    monkeypatch.setattr(devices, "visible_gpu_count", lambda: 1)
+    monkeypatch.setattr(WorkerPool, "warm_up", lambda pool: None)  # the plan is the point here, not the workers
+    shell.run_line_magic("ddp_pool", "start 2 --device cuda --share-gpus")
+    try:
+        assert str(current_pool().plan) == "2 × cuda sharing GPU 0 (gloo)"
+    finally:
+        current_pool().close()
+        set_current_pool(None)
+
+
 def test_help_lists_every_option(shell):
     doc = shell.find_cell_magic("ddp_train").__doc__
     for option in ("--processes", "--device", "--gpus", "--out", "--no-dashboard", "--timeout", "--stop-timeout",

@@ -106,6 +106,17 @@ def test_a_run_needs_nothing_of_its_source_but_the_protocol(source, tmp_path):
     assert not (tmp_path / "run" / "payload.pkl").exists() and not (tmp_path / "run" / "result.pkl").exists()
 
 
+def test_ranks_sharing_a_gpu_say_so_once_and_the_ledger_records_it(source, capsys):
+    source.plan = DevicePlan("cuda", 2, "gloo", (0,))
+    run = Run(double, (1,), {}, source).start()
+    finish(source, 2)
+    result = run.wait(timeout=10)
+    notice = "flair_nbddp: rehearsal: 2 ranks share GPU 0 over gloo; speed is not representative"
+    assert capsys.readouterr().out.count(notice) == 1
+    assert (result.device_type, result.backend) == ("cuda", "gloo")
+    assert flair_nbddp.history(limit=1)[0].devices == "2 × cuda sharing GPU 0 (gloo)"
+
+
 def test_several_threads_waiting_for_one_run_get_the_same_result(source):
     run = Run(double, (1,), {}, source).start()
     results = []

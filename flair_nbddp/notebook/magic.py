@@ -315,11 +315,12 @@ class DdpMagics(Magics):
 
     def _new_pool(
         self, processes: int | None = None, device: str | None = None, gpus: tuple[int, ...] | None = None,
-        for_exec: bool = False, cluster: str | None = None,
+        for_exec: bool = False, cluster: str | None = None, share_gpus: bool = False,
     ) -> WorkerPool:  # fmt: skip
         """A new current pool (its workers start with its first job, or at ``warm_up``)."""
         try:
-            pool = WorkerPool(processes, device, gpus=gpus, cluster=cluster_option(cluster, self.shell.user_ns))
+            pool = WorkerPool(processes, device, gpus=gpus, cluster=cluster_option(cluster, self.shell.user_ns),
+                              share_gpus=share_gpus)  # fmt: skip
         except (ConfigurationError, ClusterError, UnsupportedPlatformError) as error:
             raise UsageError(str(error)) from None
         set_current_pool(pool)
@@ -339,6 +340,10 @@ class DdpMagics(Magics):
     @argument(
         "--gpus", type=numbers("--gpus", "GPU"), default=None, metavar="0,2",
         help="with start: these GPUs only, one worker each",
+    )  # fmt: skip
+    @argument(
+        "--share-gpus", action="store_true",
+        help="with start: more workers than GPUs share them, over gloo (a rehearsal of a multi-GPU run)",
     )  # fmt: skip
     @argument(
         "--cluster", default=None, metavar="ADDRESS_OR_NAME",
@@ -362,7 +367,8 @@ class DdpMagics(Magics):
             if len(options.targets) > 1 or not all(target.isdigit() for target in options.targets):
                 raise UsageError(f"'%ddp_pool start' takes a number of workers, not {' '.join(options.targets)!r}")
             processes = int(options.targets[0]) if options.targets else None
-            pool = self._new_pool(processes, options.device, options.gpus, cluster=options.cluster)
+            pool = self._new_pool(processes, options.device, options.gpus, cluster=options.cluster,
+                                  share_gpus=options.share_gpus)  # fmt: skip
             pool.warm_up()
             print(pool.status())
         elif options.action == "restart":

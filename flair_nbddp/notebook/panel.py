@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..api import start
-from ..devices import DevicePlan, resolve_devices, visible_gpu_count
+from ..devices import DevicePlan, cuda_plan, resolve_devices, visible_gpu_count
 from ..errors import ConfigurationError, NotCallableError, RunActiveError
 from ..ledger.provenance import Provenance
 from ..ledger.store import Ledger, RunRecord
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     import ipywidgets
 
 MAX_CPU_CHOICES = 8
+MAX_SHARED_RANKS = 8  # with share_gpus, the selector offers up to this many ranks on the GPUs (an 8-GPU run)
 HISTORY_ROWS = 50  # runs of the function the table shows, newest first
 UI_BUSY_SECONDS = 0.5  # the table waits this long for a ledger another kernel is writing, then shows this panel's
 CONTROL_WIDTH = "380px"  # every form control, so that the grid's columns line up
@@ -252,18 +253,23 @@ def check_call(fn: Callable, with_corpus: bool, names: list[str]) -> None:
         raise ConfigurationError(f"the panel's call {call} does not fit {_name(fn)}{signature}: {error}") from None
 
 
-def device_choices(gpus: int, cpus: int) -> list[tuple[str, tuple[str, int]]]:
-    """The process/device selector's options: ``(label, (device, processes))``, every GPU count first.
+def device_choices(gpus: int, cpus: int, share_gpus: bool = False) -> list[tuple[str, tuple[str, int]]]:
+    """The process/device selector's options: ``(label, (device, processes))``, every GPU count first (with
+    ``share_gpus``, up to ``MAX_SHARED_RANKS`` ranks sharing the GPUs, over gloo).
 
     Example:
         >>> device_choices(0, 2)
         [('1 × cpu (gloo)', ('cpu', 1)), ('2 × cpu (gloo)', ('cpu', 2))]
         >>> [label for label, _ in device_choices(2, 2)][:2]
         ['2 × cuda (nccl)', '1 × cuda (nccl)']
+        >>> [label for label, _ in device_choices(1, 2, share_gpus=True)][-5:-2]
+        ['3 × cuda sharing GPU 0 (gloo)', '2 × cuda sharing GPU 0 (gloo)', '1 × cuda (nccl)']
     """
-    choices = [(str(DevicePlan("cuda", n, "nccl")), ("cuda", n)) for n in range(gpus, 0, -1)]
+    most = max(gpus, MAX_SHARED_RANKS) if share_gpus and gpus else gpus
+    plans = [cuda_plan(n, gpus) for n in range(most, 0, -1)]
     cpu_counts = range(1, max(2, min(cpus, MAX_CPU_CHOICES)) + 1)
-    return choices + [(str(DevicePlan("cpu", n, "gloo")), ("cpu", n)) for n in cpu_counts]
+    plans += [DevicePlan("cpu", n, "gloo") for n in cpu_counts]
+    return [(str(plan), (plan.device_type, plan.world_size)) for plan in plans]
 
 
 # -- records → HTML -------------------------------------------------------------------------------
@@ -433,7 +439,8 @@ class TrainingPanel:
         self.dashboard: Dashboard | None = None
         self._done = threading.Event()  # set while no run is active
         self._done.set()
-        self._default_plan = resolve_devices(self.options.device, self.options.processes)
+        self._default_plan = resolve_devices(self.options.device, self.options.processes, self.options.gpus,
+                                             self.options.share_gpus)  # fmt: skip
         self._build_widgets()
         self._lock(False)
 
@@ -684,7 +691,7 @@ class TrainingPanel:
             self.devices.options = [(f"{plan}, warm pool", (plan.device_type, plan.world_size))]
             return
         default = (self._default_plan.device_type, self._default_plan.world_size)
-        choices = device_choices(visible_gpu_count(), os.cpu_count() or 1)
+        choices = device_choices(visible_gpu_count(), os.cpu_count() or 1, self.options.share_gpus)
         if default not in [value for _, value in choices]:
             choices.append((str(self._default_plan), default))
         chosen = self.devices.value if self.devices.value in [value for _, value in choices] else default
