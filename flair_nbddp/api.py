@@ -20,6 +20,7 @@ from .worker_source import WorkerSource, source_for
 _START_DECIDES = {  # options start() takes none of
     "dashboard": "start() shows nothing; launch() shows the run",
     "max_restarts": "restarts are made while launch() waits for the run; start() returns at once",
+    "restart_timeout": "start() makes no restarts; launch() does",
 }
 
 

@@ -14,7 +14,7 @@ Example:
     >>> RunOptions.of({"proceses": 2})
     Traceback (most recent call last):
     ...
-    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, share_gpus, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs, precision, resume, max_restarts, on_oom, resume_force
+    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, share_gpus, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs, precision, resume, max_restarts, restart_timeout, on_oom, resume_force
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from .worker.precision import PRECISIONS
 
 DEFAULT_STOP_TIMEOUT = 30.0
 DEFAULT_HANG_TIMEOUT = 300.0
+DEFAULT_RESTART_TIMEOUT = 120.0
 OUTPUT_MODES = ("rank0", "all")
 DEVICES = ("cpu", "cuda")
 _ROLE = re.compile(r":[a-z]+:`~?([\w.]+)`")
@@ -181,6 +182,11 @@ class RunOptions:
         "``WorkerPool.launch`` and ``%%ddp_train``); an interrupt or a stop is never restarted, nor a ``timeout``. "
         ":attr:`RunResult.attempts <flair_nbddp.RunResult.attempts>` lists every attempt.",
         flag={"type": int, "metavar": "N"},
+    )  # fmt: skip
+    restart_timeout: float = _option(
+        DEFAULT_RESTART_TIMEOUT, "on a Dask cluster, how many seconds a restart (``max_restarts``, ``on_oom``) waits "
+        "for enough Dask workers to take the ranks again (those still there, or new ones that join: a lost node's "
+        "replacement), before it gives up with the cluster's error.", flag={"type": float, "metavar": "S"},
     )  # fmt: skip
     on_oom: str = _option(
         "fail", '``"fail"``: a rank out of memory ends the run with :class:`~flair_nbddp.OutOfMemoryError`; '

@@ -45,6 +45,7 @@ _EXEC_DECIDES = {  # run options exec() takes none of: it decides them
     "output": "every rank's output is shown, prefixed",
     "dashboard": "exec shows the ranks' output only",
     "max_restarts": "a cell's code is run once; a failed rank's error is its cell's",
+    "restart_timeout": "a cell's code is run once",
 }
 
 

@@ -53,8 +53,8 @@ def resume_point(resume: Any, new: RunRecord, world_size: int, force: bool, ledg
     node, colon, local = last["path"].partition(":")
     if colon and not Path(last["path"]).exists() and local.startswith("/"):  # "host:/path": a cluster node's file
         raise ResumeError(
-            f"run #{earlier.id} ran on a Dask cluster: its checkpoint {local} is on node {node}, and resuming a "
-            "cluster run is not supported yet. Copy the file here and resume a run of this machine, or start afresh."
+            f"run #{earlier.id} ran on a Dask cluster with a flair_nbddp that left its checkpoint on node {node} "
+            f"({local}); runs since keep them in the notebook. Copy the file here, or start afresh."
         )
     path = Path(last["path"])
     if not path.is_file():

@@ -9,15 +9,19 @@ run started through the kit has its views while this module imports no notebook 
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Callable
 
-from .errors import OutOfMemoryError, RunHangError, WorkerError, describe_exit
+from .errors import ClusterError, OutOfMemoryError, RunHangError, WorkerError, describe_exit
 from .ledger.provenance import Provenance
 from .options import RunOptions
 from .result import Attempt, RunResult
 from .run import Run
 from .worker_source import WorkerSource, source_for
+
+
+RESTART_POLL_SECONDS = 1.0  # how often a restart on a cluster looks for enough Dask workers
 
 
 class RunView:
@@ -56,8 +60,8 @@ def launch_and_watch(
     attempts: list[Attempt] = []
     resumed_from_epoch, restarts, chunk_size = 0, 0, None
     while True:
-        run = Run(fn, args, kwargs or {}, source_for(options, pool), options, provenance=provenance,
-                  chunk_size=chunk_size)  # fmt: skip
+        source = _restart_source(options, pool) if attempts else source_for(options, pool)
+        run = Run(fn, args, kwargs or {}, source, options, provenance=provenance, chunk_size=chunk_size)
         try:
             result = watch(run, options.dashboard)
         except (WorkerError, RunHangError) as error:
@@ -86,6 +90,23 @@ def launch_and_watch(
         if attempts:
             result.attempts = [*attempts, Attempt(result.record_id, result.status, None, resumed_from_epoch)]
         return result
+
+
+def _restart_source(options: RunOptions, pool: WorkerSource | None) -> WorkerSource:
+    """Where a restart's ranks come from: as the first attempt's; on a Dask cluster, the workers still there or
+    new ones that join within ``restart_timeout`` seconds (a lost node leaves too few at first)."""
+    deadline, waiting = time.monotonic() + options.restart_timeout, False
+    while True:
+        try:
+            return source_for(options, pool)
+        except ClusterError as error:
+            if options.cluster is None or time.monotonic() >= deadline:
+                raise
+            if not waiting:
+                print(f"flair_nbddp: waiting up to {options.restart_timeout:g} s for Dask workers to take the ranks "
+                      f"({error})", flush=True)  # fmt: skip
+                waiting = True
+            time.sleep(RESTART_POLL_SECONDS)
 
 
 def _halved_chunk(error: Exception) -> int | None:

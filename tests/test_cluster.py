@@ -7,16 +7,19 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 from conftest import wait_for
 from dask_cluster import LoopbackCluster
 from jupyter_kernel import running_kernel
-from training_jobs import fine_tune_counting_tokenizations, train_sentiment
+from training_jobs import fine_tune_counting_tokenizations, fine_tune_failing_once, train_sentiment
 
-from flair_nbddp import WorkerError, WorkerPool, launch, start
+import flair_nbddp
+from flair_nbddp import WorkerError, WorkerPool, launch, runs, start
 from flair_nbddp.synthetic import sentiment_corpus
 
 pytestmark = pytest.mark.cluster
@@ -141,31 +144,40 @@ def test_a_second_interrupt_ends_every_rank_at_once(cluster, client):
     assert time.monotonic() - killed_at < 10
 
 
-def test_a_lost_dask_worker_ends_the_run_with_an_error_naming_it(cluster, client, tmp_path, tiny_model_path):
-    run = start(train_sentiment, (tiny_model_path, str(tmp_path / "out")), cluster=client)
-    wait_for(lambda: run.state.snapshot().batch >= 2, 180, "training to start")
-    lost = next(rank.worker for rank in run.state.snapshot().ranks if rank.rank == 1)
-    index = next(i for i, process in enumerate(cluster.workers) if process.poll() is None and lost.endswith(
-        str(_worker_port(process))))  # fmt: skip
-    cluster.kill_worker(index)  # rank 1's node is lost
-    lost_at = time.monotonic()
-    result = run.wait()
-    assert time.monotonic() - lost_at < 30
-    assert result.status == "failed" and isinstance(result.error, WorkerError)
-    assert result.error.rank == 1 and lost in str(result.error), str(result.error)
-    assert not cluster.wait_no_kit_processes(timeout=20)  # rank 0 was ended; rank 1's process ended itself
-    cluster.add_worker(len(cluster.workers))
-    client.wait_for_workers(2, timeout=60)
-    _the_next_launch_works(client)
+def test_a_lost_node_restarts_the_run_from_its_checkpoint_on_a_worker_that_joins(
+    cluster, client, tmp_path, tiny_model_path, capsys
+):
+    corpus = sentiment_corpus(n_train=32, n_dev=8, n_test=8, seed=4)
+    marker, paused = tmp_path / "pause", tmp_path / "pause.paused"
+    marker.touch()  # rank 1 pauses in epoch 3 of the first attempt, after epoch 2's checkpoint
 
+    lost: dict = {}
 
-def _worker_port(nanny: subprocess.Popen) -> int:
-    """The port of the Dask worker under ``nanny`` (the process that listens on 127.0.0.1 for Dask)."""
-    for process in psutil.Process(nanny.pid).children():
-        for connection in process.net_connections("tcp"):
-            if connection.status == psutil.CONN_LISTEN and connection.laddr.ip == "127.0.0.1":
-                return connection.laddr.port
-    raise AssertionError("no Dask worker under this nanny")
+    def lose_rank_1s_node() -> None:
+        wait_for(lambda: paused.exists() and [e for e, _, _ in runs()[-1].state.snapshot().checkpoints] == [1, 2],
+                 300, "rank 1 to pause once epoch 2's checkpoint is in the notebook")  # fmt: skip
+        lost["worker"] = next(rank.worker for rank in runs()[-1].state.snapshot().ranks if rank.rank == 1)
+        cluster.add_worker(len(cluster.workers))  # a third worker joins...
+        dask_worker = int(paused.read_text())
+        cluster.kill_worker(next(index for index, nanny in enumerate(cluster.workers) if nanny.poll() is None and any(
+            process.pid == dask_worker for process in cluster.worker_tree(index))))  # ...and rank 1's node is lost
+        lost["at"] = time.time()
+
+    threading.Thread(target=lose_rank_1s_node, daemon=True).start()
+    result = launch(fine_tune_failing_once, (corpus, tiny_model_path, str(tmp_path / "out"), str(marker), "pause"),
+                    cluster=client, seed=11, dashboard=False, max_restarts=1)  # fmt: skip
+    assert result.status == "finished", result.error
+    first, last = result.attempts
+    assert isinstance(first.error, WorkerError) and first.error.rank == 1, first.error
+    assert "left the cluster" in str(first.error) and lost["worker"] in str(first.error), str(first.error)
+    assert (last.status, last.resumed_from_epoch) == ("finished", 2)
+    assert "restart 1 of 1 from the end of epoch 2" in capsys.readouterr().out
+    failed = flair_nbddp.history(limit=2)[1]  # its checkpoints outlived the node: they are in the notebook's run
+    assert failed.ended_at - lost["at"] < 30  # rank 0, left waiting for rank 1, was ended at once
+    assert Path(failed.checkpoints[-1]["path"]).is_file() and failed.checkpoints[-1]["epoch"] == 2
+    assert [step for step, _ in result.history("train/loss")] == [3, 4]  # epochs 1-2 were not trained again
+    placed = {rank.worker for rank in result.ranks}  # the worker left and the one that joined
+    assert len(placed) == 2 and lost["worker"] not in placed and result.value["test_score"] >= 0
 
 
 KERNEL_PROGRAM = """

@@ -187,7 +187,7 @@ model_path, base, marker = {tiny_model_path!r}, {str(tmp_path / "out")!r}, {str(
 """))
     restarted = _ok(kernel.execute("""%%ddp_train --no-dashboard --seed 11 --max-restarts 1 --out scores
 from training_jobs import fine_tune_failing_once
-fine_tune_failing_once(corpus, model_path, base, marker, True)
+fine_tune_failing_once(corpus, model_path, base, marker, "kill")
 """, timeout=300))
     assert "rank 1 died (was killed by signal SIGKILL)" in restarted.stdout
     assert "restart 1 of 1 from the end of epoch 2" in restarted.stdout

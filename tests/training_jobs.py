@@ -168,12 +168,15 @@ def fine_tune_noting_dtypes(corpus, model_path: str, base_path: str) -> dict:
     return {"test_score": scores["test_score"], "seen": {k: sorted(v) for k, v in seen.items()}, "weights": sorted(weights)}
 
 
-def fine_tune_failing_once(corpus, model_path: str, base_path: str, marker: str, kill: bool = False) -> dict:
+def fine_tune_failing_once(corpus, model_path: str, base_path: str, marker: str, how: str = "raise") -> dict:
     """Fine-tune a tiny-transformer classifier for 4 epochs; while the file ``marker`` exists, rank 1 removes it and
-    fails at epoch 3's third batch, after the end of epoch 2 was checkpointed: it raises, or with ``kill`` it is
-    killed (SIGKILL, as by the kernel's out-of-memory killer)."""
+    fails at epoch 3's third batch, after the end of epoch 2 was checkpointed. ``how``: ``"raise"`` an error;
+    ``"kill"`` itself (SIGKILL, as by the kernel's out-of-memory killer); ``"pause"``: write the pid of the
+    process that started it (on a cluster, its Dask worker) to ``marker + ".paused"`` and wait for its node to be
+    lost."""
     import os
     import signal
+    import time
 
     import torch.distributed as dist
     from flair.embeddings import TransformerDocumentEmbeddings
@@ -186,8 +189,12 @@ def fine_tune_failing_once(corpus, model_path: str, base_path: str, marker: str,
         def before_training_batch(self, epoch: int, batch_no: int, **_):
             if epoch == 3 and batch_no == 2 and dist.get_rank() == 1 and os.path.exists(marker):
                 os.remove(marker)
-                if kill:
+                if how == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
+                if how == "pause":
+                    with open(marker + ".paused", "w") as file:
+                        file.write(str(os.getppid()))
+                    time.sleep(600)
                 raise RuntimeError("rank 1 failed in epoch 3")
 
     model = TextClassifier(TransformerDocumentEmbeddings(model_path), label_type="sentiment",

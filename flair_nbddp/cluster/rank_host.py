@@ -292,9 +292,10 @@ class _RankHost:
             with contextlib.suppress(OSError):
                 self.connection.send(message)
 
-    def take(self, job: Job, payload_name: str, digest: str) -> None:
-        """Check the job's payload on this node, point the job at this node's paths and hand it over (a payload
-        that is not the notebook's fails the job on this rank, as a damaged payload does on one machine)."""
+    def take(self, job: Job, payload_name: str, digest: str, resume_name: str = "") -> None:
+        """Check the job's payload on this node, point the job at this node's paths (its payload, the checkpoint it
+        resumes from) and hand it over (a payload that is not the notebook's fails the job on this rank, as a
+        damaged payload does on one machine; a damaged checkpoint is refused by the rank reading it)."""
         payload = self.home.path / payload_name
         try:
             _check_file(payload, digest)
@@ -304,7 +305,10 @@ class _RankHost:
             self.terminate(0.0)
             return
         run_dir = RunDir.create(self.home.path / Path(job.run_dir).name)
-        local = dataclasses.replace(job, payload=str(payload), result=str(run_dir.result), run_dir=str(run_dir.path))
+        local = dataclasses.replace(
+            job, payload=str(payload), result=str(run_dir.result), run_dir=str(run_dir.path),
+            resume=str(self.home.path / resume_name) if resume_name else "",
+        )  # fmt: skip
         with self.lock:
             self.job, self.job_key = local, job.key
             self.tails = {
@@ -362,8 +366,9 @@ class _RankHost:
             return dataclasses.replace(event, checkpoint=f"{self.hostname}:{event.checkpoint}")
         if isinstance(event, ModelsSaved):
             return dataclasses.replace(event, paths=tuple(f"{self.hostname}:{path}" for path in event.paths))
-        if isinstance(event, CheckpointSaved):
-            return dataclasses.replace(event, path=f"{self.hostname}:{event.path}")
+        if isinstance(event, CheckpointSaved):  # the notebook keeps it: this node's copy goes with the group
+            self.up.put(self.client.scatter(Path(event.path).read_bytes(), hash=False))  # before the event, too
+            return event
         if isinstance(event, ResultReady):
             path = Path(event.path)
             data = path.read_bytes()

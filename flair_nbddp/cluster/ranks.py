@@ -6,9 +6,11 @@ own connection to the scheduler:
 
 - each rank's events arrive on a local socket pair (the supervisor reads ``connections`` as on one machine);
 - the new bytes of each rank's log land in the notebook's run directory (the dashboard tails them there);
-- rank 0's result is fetched before its ``ResultReady`` is passed on, and written where the run reads it;
-- jobs, STOP and EXIT go down each rank's queue; a job's payload, and the objects put on a pool, are stored
-  once per node (not once per rank) before the job is handed over, and checked on every rank.
+- rank 0's result is fetched before its ``ResultReady`` is passed on, and written where the run reads it; so is
+  each full checkpoint, in the notebook's run directory (the node's copy goes with the group, or with the node);
+- jobs, STOP and EXIT go down each rank's queue; a job's payload, the checkpoint it resumes from, and the
+  objects put on a pool are stored once per node (not once per rank) before the job is handed over, and checked
+  on every rank.
 
 A rank whose Dask worker leaves the cluster, or whose task stops answering for :data:`LOST_AFTER_SECONDS`
 while the notebook listens, counts as killed (SIGKILL); :meth:`ClusterGroup.describe_exit` names its worker and
@@ -25,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -42,7 +45,8 @@ from typing import Any, Callable
 from ..errors import ClusterError, describe_exit
 from ..local_ranks import RENDEZVOUS_TIMEOUT_SECONDS, TERMINATE_GRACE_SECONDS
 from ..rundir import RunDir
-from ..wire.events import Failed, Job, ResultReady, WorkerSpec
+from ..wire.events import CheckpointSaved, Failed, Job, ResultReady, WorkerSpec
+from ..worker import checkpoint_files
 from . import rank_host
 from .client import Placement, require_distributed, workers_of
 from .rank_host import JOB, STACKS, TERMINATE, Batch
@@ -73,7 +77,7 @@ class ClusterGroup:
         self._heard = [time.monotonic()] * world_size  # when each rank was last heard, in the relay's time
         self._listened = time.monotonic()  # when the relay last came round
         self._jobs: dict[str, Job] = {}  # by key: where each job's output lands in the notebook
-        self._result: bytes | None = None  # rank 0's result, fetched, until its ResultReady is passed on
+        self._shipped: collections.deque = collections.deque()  # Futures of rank 0's result and checkpoints, in order
         self._stored: set[str] = set()  # the files every node has
         self._tasks: list[Any] = []
         self._up: Any = None
@@ -111,6 +115,7 @@ class ClusterGroup:
     def submit(self, job: Job) -> None:
         """Store the job's payload (and the pool's objects it may use) on every node, then hand it to every rank."""
         name, digest = self._store(Path(job.payload), f"payload-{job.key}.pkl")
+        resume_name = self._store(Path(job.resume), f"resume-{job.key}.pt")[0] if job.resume else ""
         for ref_id in job.shared:
             if ref_id not in self._stored:
                 self._store(self.home.path / "shared" / f"{ref_id}.pkl", f"shared/{ref_id}.pkl")
@@ -120,7 +125,7 @@ class ClusterGroup:
         for rank in range(self.plan.world_size):  # there, as on one machine, before a rank writes a line
             for path in (run_dir.log(rank), run_dir.stderr(rank)):
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
-        self._send((JOB, job, name, digest))
+        self._send((JOB, job, name, digest, resume_name))
 
     def send_all(self, message: Any) -> None:
         """Send ``message`` (STOP, EXIT) down every live rank's queue."""
@@ -186,9 +191,8 @@ class ClusterGroup:
             self._heard = [heard + paused for heard in self._heard]
 
     def _take(self, item: Any) -> None:
-        if not isinstance(item, bytes):  # a Future of rank 0's result, which comes before its ResultReady
-            self._result = item.result()
-            item.release()
+        if not isinstance(item, bytes):  # a Future of rank 0's result or checkpoint, which comes before its event
+            self._shipped.append(item)
             return
         batch: Batch = pickle.loads(item)
         rank = batch.rank
@@ -204,13 +208,27 @@ class ClusterGroup:
         if batch.stacks is not None:
             self._stacks[rank] = batch.stacks
         for event in batch.events:
-            if isinstance(event, ResultReady) and job is not None:
-                Path(job.result).write_bytes(self._result or b"")
-                self._result = None
-                event = dataclasses.replace(event, path=job.result)
+            if isinstance(event, ResultReady | CheckpointSaved):
+                event = self._arrived(event, job)
             self._feed(rank, event)
         if batch.exit_code is not None:
             self._record_exit(rank, batch.exit_code)
+
+    def _arrived(self, event: ResultReady | CheckpointSaved, job: Job | None) -> ResultReady | CheckpointSaved:
+        """Keep what rank 0 shipped ahead of ``event`` on this machine, and name it in the event: its result where the
+        job says, its checkpoint in the run's directory (whole or not at all, replacing the one before), so that a
+        restart or a later resume finds it when the node that wrote it is gone."""
+        future = self._shipped.popleft()
+        data = future.result()
+        future.release()
+        if job is None:
+            return event
+        if isinstance(event, ResultReady):
+            Path(job.result).write_bytes(data)
+            return dataclasses.replace(event, path=job.result)
+        path = Path(job.run_dir) / checkpoint_files.NAME
+        checkpoint_files.write_bytes(path, data)
+        return dataclasses.replace(event, path=str(path))
 
     def _record_exit(self, rank: int, code: int) -> None:
         with self._lock:

@@ -64,6 +64,7 @@ _FAILED = STATUS_COLORS["failed"]
 _PANEL_DECIDES = {  # run options the panel takes none of
     "dashboard": "the panel shows its own",
     "max_restarts": "the panel's runs are not restarted yet; launch() and %%ddp_train restart",
+    "restart_timeout": "the panel's runs are not restarted yet",
 }
 
 

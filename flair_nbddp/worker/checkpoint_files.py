@@ -49,7 +49,12 @@ def write(path: Path, checkpoint: dict[str, Any]) -> str:
 
     buffer = io.BytesIO()
     torch.save(checkpoint, buffer)
-    data = buffer.getvalue()
+    return write_bytes(path, buffer.getvalue())
+
+
+def write_bytes(path: Path, data: bytes) -> str:
+    """Write a checkpoint's ``data`` to ``path`` whole or not at all (the previous file stays until the new one is
+    complete); its sha256."""
     partial = path.with_name(f".{path.name}.partial")
     with open(partial, "wb") as file:
         file.write(data)
