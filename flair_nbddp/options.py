@@ -14,7 +14,7 @@ Example:
     >>> RunOptions.of({"proceses": 2})
     Traceback (most recent call last):
     ...
-    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, share_gpus, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs, precision, resume, max_restarts, restart_timeout, on_oom, resume_force
+    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, share_gpus, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs, precision, resume, checkpoint_every, max_restarts, restart_timeout, on_oom, resume_force
 """
 
 from __future__ import annotations
@@ -176,6 +176,11 @@ class RunOptions:
         "(:class:`~flair_nbddp.ResumeError`) for another function, corpus or number of processes.",
         flag={"metavar": "ID", "nargs": "?", "const": "last"},
     )  # fmt: skip
+    checkpoint_every: int | None = _option(
+        None, "besides the full checkpoint at every epoch's end (and at a stop), write one every N optimizer steps, "
+        "so that a restart or a resume loses at most N steps; None: at epochs' ends only. A resume from one goes on "
+        "from that batch, with the curves of an uninterrupted run.", flag={"type": int, "metavar": "N"},
+    )  # fmt: skip
     max_restarts: int = _option(
         0, "when a rank fails (an error, a signal, out of memory, a lost Dask worker, a hang past ``hang_timeout``), "
         "end every rank and start the run again from its last full checkpoint, up to this many times (``launch``, "
@@ -212,6 +217,14 @@ class RunOptions:
             raise ConfigurationError(
                 f"on_oom={self.on_oom!r} is not one of {', '.join(map(repr, ON_OOM))}: 'fail' ends the run with "
                 "OutOfMemoryError, 'halve_chunk' starts it again with a halved mini_batch_chunk_size"
+            )
+        if self.checkpoint_every is not None and (
+            isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int)
+            or self.checkpoint_every < 1
+        ):  # fmt: skip
+            raise ConfigurationError(
+                f"checkpoint_every={self.checkpoint_every!r} is not a number of steps: give e.g. 500, or None for a "
+                "checkpoint at every epoch's end only"
             )
         if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
             raise ConfigurationError(f"max_restarts={self.max_restarts!r} is not a count: give 0 (the default) or more")

@@ -183,5 +183,8 @@ class RunRecorder:
 
 
 def _checkpoints(checkpoints: Any) -> list[dict]:
-    """Full checkpoints as the ledger keeps them: ``[{"epoch", "path", "sha256"}]``."""
-    return [{"epoch": epoch, "path": str(path), "sha256": sha256} for epoch, path, sha256 in checkpoints]
+    """Full checkpoints as the ledger keeps them: ``[{"epoch", "path", "sha256", "batch"}]``."""
+    return [
+        {"epoch": epoch, "path": str(path), "sha256": sha256, "batch": batch}
+        for epoch, path, sha256, batch in checkpoints
+    ]

@@ -13,11 +13,23 @@ from .state import MetricPoint, RankInfo
 
 
 class Checkpoint(NamedTuple):
-    """A full checkpoint rank 0 wrote: the epoch it ends, the file, the file's sha256 when it was written."""
+    """A full checkpoint rank 0 wrote: the last whole epoch before it, the file, the file's sha256 when it was
+    written, and the batches of the next epoch it had trained too (0: it is the epoch's end; more after a stop, or
+    with ``checkpoint_every``)."""
 
     epoch: int
     path: Path
     sha256: str
+    batch: int = 0
+
+    def describe(self) -> str:
+        """``"the end of epoch 2"``, or ``"epoch 3, batch 5"``.
+
+        Example:
+            >>> Checkpoint(2, Path("c.pt"), "", 5).describe()
+            'epoch 3, batch 5'
+        """
+        return f"epoch {self.epoch + 1}, batch {self.batch}" if self.batch else f"the end of epoch {self.epoch}"
 
 
 class Attempt(NamedTuple):
@@ -75,8 +87,9 @@ class RunResult:
             during this run there; ``log_starts`` where this run's output begins in each.
         checkpoint: where the model was saved when the run was stopped (``status == "stopped"``).
         models: every model file flair saved on rank 0 (``final-model.pt``, ``best-model.pt``...), absolute.
-        checkpoints: every full checkpoint rank 0 wrote, one per finished epoch, in order (each replaced the one
-            before in the same file); a later run continues from the last with ``launch(..., resume=result)``.
+        checkpoints: every full checkpoint rank 0 wrote, in order: one per finished epoch, one at a stop and, with
+            ``checkpoint_every``, one every N steps (each replaced the one before in the same file); a later run
+            continues from the last with ``launch(..., resume=result)``.
         attempts: with ``max_restarts``, every attempt of the run, the first included, each with its error (this
             result is the last attempt's); empty for a run that was not restarted.
         error: the failure (WorkerError, RunTimeoutError, RunHangError) when ``status == "failed"``.
@@ -137,7 +150,7 @@ class RunResult:
             error=error,
             models=[Path(path) for path in snapshot.models],
             record_id=run.record_id,
-            checkpoints=[Checkpoint(epoch, Path(path), sha256) for epoch, path, sha256 in snapshot.checkpoints],
+            checkpoints=[Checkpoint(epoch, Path(path), sha256, batch) for epoch, path, sha256, batch in snapshot.checkpoints],
         )
 
     @property

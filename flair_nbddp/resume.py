@@ -19,22 +19,25 @@ from typing import Any
 
 from .errors import ResumeError
 from .ledger.store import Ledger, RunRecord
-from .result import RunResult
+from .result import Checkpoint, RunResult
 
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """The checkpoint a run continues from: the run that wrote it, the epoch it ends, the file and its sha256."""
+    """The checkpoint a run continues from: the run that wrote it, the last whole epoch before it, the file and its
+    sha256, and the batches of the next epoch it had trained (0: the epoch's end)."""
 
     record_id: int | None
     epoch: int
     path: str
     sha256: str
+    batch: int = 0
 
     def describe(self) -> str:
         """The line the cell shows as the run starts."""
         run = "" if self.record_id is None else f"run #{self.record_id} "
-        return f"resuming {run}from the end of epoch {self.epoch} ({self.path})"
+        where = Checkpoint(self.epoch, Path(self.path), self.sha256, self.batch).describe()
+        return f"resuming {run}from {where} ({self.path})"
 
 
 def resume_point(resume: Any, new: RunRecord, world_size: int, force: bool, ledger: Ledger | None) -> ResumePoint:
@@ -63,7 +66,7 @@ def resume_point(resume: Any, new: RunRecord, world_size: int, force: bool, ledg
         )
     if _sha256(path) != last["sha256"]:
         raise ResumeError(
-            f"{path} is not the checkpoint run #{earlier.id} wrote at the end of epoch {last['epoch']} (its sha256 "
+            f"{path} is not the checkpoint run #{earlier.id} wrote (its sha256 "
             "differs: changed or cut since); it is never read. Start the run afresh."
         )
     if earlier.world_size != world_size:
@@ -84,7 +87,7 @@ def resume_point(resume: Any, new: RunRecord, world_size: int, force: bool, ledg
                 "training. Resume with the same corpus, or pass resume_force=True (--resume-force) to continue "
                 "with this one."
             )
-    return ResumePoint(earlier.id, int(last["epoch"]), str(path), last["sha256"])
+    return ResumePoint(earlier.id, int(last["epoch"]), str(path), last["sha256"], int(last.get("batch", 0)))
 
 
 def _earlier_run(resume: Any, name: str, ledger: Ledger | None) -> RunRecord:
@@ -115,7 +118,7 @@ def _earlier_run(resume: Any, name: str, ledger: Ledger | None) -> RunRecord:
 def _unrecorded(result: RunResult, name: str) -> RunRecord:
     """What a resume needs of a run the ledger did not record: its checkpoints, its size (its code and corpus went
     unrecorded, so they cannot be compared: the caller vouches for them)."""
-    checkpoints = [{"epoch": epoch, "path": str(path), "sha256": sha256} for epoch, path, sha256 in result.checkpoints]
+    checkpoints = [{**checkpoint._asdict(), "path": str(checkpoint.path)} for checkpoint in result.checkpoints]
     return RunRecord(id=None, name=name, status=result.status, world_size=result.world_size, checkpoints=checkpoints,
                      source_hash=_UNKNOWN, params={"unrecorded": _UNKNOWN})  # fmt: skip
 

@@ -241,7 +241,7 @@ class Run:
                 distributed_eval=self.options.distributed_eval, lazy_corpus=self.options.lazy_corpus,
                 fast_inputs=self.options.fast_inputs, precision=self.options.precision,
                 resume=point.path if point else "", resume_sha256=point.sha256 if point else "",
-                chunk_size=self.chunk_size,
+                chunk_size=self.chunk_size, checkpoint_every=self.options.checkpoint_every,
             )
             self._acquiring = True  # from here on the ranks may hold the job, even if acquire() never returns
             self.group = self.source.acquire(job)  # all or nothing: a source that raises has cleaned up

@@ -92,7 +92,7 @@ class Snapshot:
     stop_requested: bool
     checkpoint: str | None
     models: tuple[str, ...] = ()  # the model files flair saved on rank 0 (absolute paths)
-    checkpoints: tuple[tuple[int, str, str], ...] = ()  # (epoch, path, sha256) of each full checkpoint, in order
+    checkpoints: tuple[tuple[int, str, str, int], ...] = ()  # (epoch, path, sha256, batch) of each full checkpoint
 
     @property
     def elapsed(self) -> float:
@@ -175,7 +175,7 @@ class RunState:
     stop_requested: bool = False
     checkpoint: str | None = None
     models: tuple[str, ...] = ()
-    checkpoints: tuple[tuple[int, str, str], ...] = ()
+    checkpoints: tuple[tuple[int, str, str, int], ...] = ()
     max_log_lines: int = 20_000
     rank_tail_lines: int = 200
 
@@ -232,7 +232,7 @@ class RunState:
             elif isinstance(event, Stopped):
                 self.checkpoint = event.checkpoint
             elif isinstance(event, CheckpointSaved):
-                self.checkpoints = (*self.checkpoints, (event.epoch, event.path, event.sha256))
+                self.checkpoints = (*self.checkpoints, (event.epoch, event.path, event.sha256, event.batch))
             elif isinstance(event, ModelsSaved):
                 self.models = tuple(dict.fromkeys([*self.models, *event.paths]))
             elif isinstance(event, Finished):

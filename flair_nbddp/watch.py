@@ -58,7 +58,7 @@ def launch_and_watch(
     ``mini_batch_chunk_size`` halved, down to 1, besides. An interrupt, a stop and a ``timeout`` are never
     restarted."""
     attempts: list[Attempt] = []
-    resumed_from_epoch, restarts, chunk_size = 0, 0, None
+    resumed_from_epoch, restarts, chunk_size, where = 0, 0, None, "the start"
     while True:
         source = _restart_source(options, pool) if attempts else source_for(options, pool)
         run = Run(fn, args, kwargs or {}, source, options, provenance=provenance, chunk_size=chunk_size)
@@ -76,8 +76,7 @@ def launch_and_watch(
                 raise
             if failed.checkpoints:  # else from the start, or from where this attempt itself resumed
                 options = replace(options, resume=failed)
-                resumed_from_epoch = failed.checkpoints[-1].epoch
-            where = f"the end of epoch {resumed_from_epoch}" if resumed_from_epoch else "the start"
+                resumed_from_epoch, where = failed.checkpoints[-1].epoch, failed.checkpoints[-1].describe()
             if smaller is not None:
                 chunk_size = smaller
                 print(f"flair_nbddp: {_what_failed(error, failed)}; restarting from {where} with "

@@ -32,9 +32,10 @@ class _Scores(TrainerPlugin):
             self.seen.setdefault(name, []).append((record.global_step, record.value))
 
 
-def _train(kind: str, model_path: str, base, resume=None, keep_at=None):
-    """A 4-epoch training, from scratch or resumed; its curves, test score and final weights. ``keep_at``:
-    copy the checkpoint (and best model) written at that epoch's end to ``base / "kept"``."""
+def _train(kind: str, model_path: str, base, resume=None, keep_at=None, every=None):
+    """A 4-epoch training of 6 batches an epoch, from scratch or resumed; its curves, test score and final weights.
+    ``keep_at``: copy the checkpoint (and best model) written at that ``(epoch, batch)`` to ``base / "kept"``;
+    ``every``: a checkpoint every so many steps too."""
     flair.set_seed(7)
     corpus = sentiment_corpus(n_train=48, n_dev=16, n_test=16, seed=7)
     dictionary = corpus.make_label_dictionary("sentiment", add_unk=False)
@@ -46,14 +47,15 @@ def _train(kind: str, model_path: str, base, resume=None, keep_at=None):
         embedding = DocumentRNNEmbeddings([OneHotEmbeddings.from_corpus(corpus)], hidden_size=16, dropout=0.3)
         model = TextClassifier(embedding, "sentiment", label_dictionary=dictionary)
 
-    def saved(epoch, path, sha256):
-        if epoch == keep_at:
+    def saved(epoch, batch, path, sha256):
+        if (epoch, batch) == keep_at:
             (base / "kept").mkdir()
             shutil.copy(path, base / "kept" / path.name)
             if (base / "best-model.pt").exists():
                 shutil.copy(base / "best-model.pt", base / "kept" / "best-model.pt")
 
-    plugin = checkpoints.Checkpointing(base / checkpoint_files.NAME, 0, lambda value: [value], saved, resume=resume)
+    plugin = checkpoints.Checkpointing(base / checkpoint_files.NAME, 0, lambda value: [value], saved, resume=resume,
+                                       every=every)  # fmt: skip
     scores = _Scores()
     trainer = ModelTrainer(model, corpus)
     common = dict(max_epochs=4, mini_batch_size=8, epoch=plugin.start_epoch, plugins=[scores, plugin])
@@ -67,15 +69,19 @@ def _train(kind: str, model_path: str, base, resume=None, keep_at=None):
 
 
 @pytest.mark.parametrize("kind", ["transformer", "rnn"])
-def test_a_training_resumed_from_an_epochs_checkpoint_ends_as_the_uninterrupted_one(kind, tiny_model_path, tmp_path):
+@pytest.mark.parametrize("keep_at", [(2, 0), (1, 2)], ids=["epoch-end", "mid-epoch"])
+def test_a_training_resumed_from_a_checkpoint_ends_as_the_uninterrupted_one(kind, keep_at, tiny_model_path, tmp_path):
+    # (epoch, batch): the end of epoch 2; 2 batches into epoch 2 (every=4 writes one at steps 4, 8, 16 and 20)
     whole = tmp_path / "whole"
-    curves, test_score, weights = _train(kind, tiny_model_path, whole, keep_at=2)
+    curves, test_score, weights = _train(kind, tiny_model_path, whole, keep_at=keep_at, every=4)
     resumed_base = tmp_path / "resumed"
     shutil.copytree(whole / "kept", resumed_base)  # as the interrupted training left its directory
     checkpoint = checkpoint_files.read(resumed_base / checkpoint_files.NAME)
-    assert checkpoint["epoch"] == 2 and checkpoint["steps"] == 2 * 6
+    epoch, batch = keep_at
+    assert (checkpoint["epoch"], checkpoint["batch"], checkpoint["steps"]) == (epoch, batch, epoch * 6 + batch)
     resumed_curves, resumed_test_score, resumed_weights = _train(kind, tiny_model_path, resumed_base, resume=checkpoint)
-    assert {name: values[2:] for name, values in curves.items()} == resumed_curves  # epochs 3 and 4, bit for bit
+    # the epochs after the checkpoint's last whole one (the one it is in included), bit for bit
+    assert {name: values[epoch:] for name, values in curves.items()} == resumed_curves
     assert resumed_test_score == test_score
     assert all(torch.equal(a, b) for a, b in zip(weights, resumed_weights, strict=True))
     if kind == "rnn":

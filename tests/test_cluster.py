@@ -154,7 +154,7 @@ def test_a_lost_node_restarts_the_run_from_its_checkpoint_on_a_worker_that_joins
     lost: dict = {}
 
     def lose_rank_1s_node() -> None:
-        wait_for(lambda: paused.exists() and [e for e, _, _ in runs()[-1].state.snapshot().checkpoints] == [1, 2],
+        wait_for(lambda: paused.exists() and [c[0] for c in runs()[-1].state.snapshot().checkpoints] == [1, 2],
                  300, "rank 1 to pause once epoch 2's checkpoint is in the notebook")  # fmt: skip
         lost["worker"] = next(rank.worker for rank in runs()[-1].state.snapshot().ranks if rank.rank == 1)
         cluster.add_worker(len(cluster.workers))  # a third worker joins...

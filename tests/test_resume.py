@@ -61,7 +61,7 @@ def test_a_failed_run_resumed_from_its_last_checkpoint_ends_as_the_uninterrupted
 
 
 @pytest.mark.process
-def test_a_run_stopped_mid_epoch_resumes_from_the_last_epochs_end_and_ends_as_the_uninterrupted_run(
+def test_a_run_stopped_mid_epoch_resumes_from_the_batch_it_stopped_at_and_ends_as_the_uninterrupted_run(
     warm_pool, whole, tiny_model_path, tmp_path
 ):
     from conftest import wait_for
@@ -76,8 +76,11 @@ def test_a_run_stopped_mid_epoch_resumes_from_the_last_epochs_end_and_ends_as_th
     wait_for(lambda: run.state.snapshot().epoch >= 2, 120, "epoch 2")
     run.stop()
     stopped = run.wait()
-    done = [checkpoint.epoch for checkpoint in stopped.checkpoints]  # the epochs that ended before the stop
-    assert stopped.status == "stopped" and done == list(range(1, len(done) + 1)) and 1 <= len(done) < 4
+    ends = [checkpoint.epoch for checkpoint in stopped.checkpoints if not checkpoint.batch]  # epochs that ended
+    assert stopped.status == "stopped" and ends == list(range(1, len(ends) + 1)) and 1 <= len(ends) < 4
+    # the stop's own checkpoint, batches into the epoch after (none when the stop came at an epoch's last batch,
+    # whose evaluation is still to come: then the end of the epoch before is the last)
+    assert stopped.checkpoints[-1].epoch == ends[-1]
     resumed = warm_pool.launch(fine_tune_failing_once, args("stopped"), seed=11, dashboard=False, resume=stopped)
     for name in CURVES:
         assert stopped.history(name) + resumed.history(name) == whole.history(name), name
@@ -146,7 +149,7 @@ def test_a_changed_or_missing_checkpoint_or_another_world_size_or_no_run_is_refu
     with pytest.raises(ResumeError, match="names no run"):
         resume_point(2.5, _new(record), 2, False, ledger)
     path.write_bytes(path.read_bytes()[:-4])  # cut: never read
-    with pytest.raises(ResumeError, match="is not the checkpoint run #.* wrote at the end of epoch 2"):
+    with pytest.raises(ResumeError, match="is not the checkpoint run #.* wrote \\(its sha256 differs"):
         resume_point(record, _new(record), 2, False, ledger)
     path.unlink()
     with pytest.raises(ResumeError, match="is gone"):
@@ -176,7 +179,7 @@ def test_a_ledger_an_earlier_version_wrote_gets_the_new_columns(tmp_path):
 
 
 @pytest.mark.process
-def test_a_rank_killed_in_epoch_3_is_restarted_from_the_end_of_epoch_2_and_the_run_ends_as_the_uninterrupted_one(
+def test_a_rank_killed_in_epoch_3_is_restarted_from_its_last_checkpoint_and_the_run_ends_as_the_uninterrupted_one(
     whole, tiny_model_path, tmp_path, capsys
 ):
     corpus = sentiment_corpus(**CORPUS)
@@ -185,15 +188,17 @@ def test_a_rank_killed_in_epoch_3_is_restarted_from_the_end_of_epoch_2_and_the_r
     def args(name: str) -> tuple:
         return (corpus, tiny_model_path, str(tmp_path / name), str(marker), "kill")
 
-    marker.touch()
+    marker.touch()  # 4 batches an epoch: checkpoints every 3 steps, the last before the kill 1 batch into epoch 3
     result = launch(fine_tune_failing_once, args("restarted"), processes=2, device="cpu", seed=11, dashboard=False,
-                    max_restarts=1)  # fmt: skip
+                    max_restarts=1, checkpoint_every=3)  # fmt: skip
     assert result.status == "finished"
     first, last = result.attempts
     assert isinstance(first.error, WorkerError) and first.error.exit_code == -9 and first.status == "failed"
     assert (last.error, last.status, last.resumed_from_epoch, last.record_id) == (None, "finished", 2, result.record_id)
-    assert "rank 1 died (was killed by signal SIGKILL)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "rank 1 died (was killed by signal SIGKILL)" in out and "restart 1 of 1 from epoch 3, batch 1" in out
     failed = flair_nbddp.history(limit=2)[1]
+    assert [(c["epoch"], c["batch"]) for c in failed.checkpoints] == [(0, 3), (1, 0), (1, 2), (2, 0), (2, 1)]
     assert failed.id == first.record_id and flair_nbddp.history(limit=1)[0].resumed_from == failed.id
     for name in CURVES:  # the attempts together: the uninterrupted run's curves, bit for bit
         assert failed.history(name) + result.history(name) == whole.history(name), name

@@ -116,7 +116,7 @@ class RunRecord:
             ``dev/score``, ``train/loss``).
         ranks: each rank's last word (pid, device, steps, samples, samples/s, memory, exit code).
         checkpoint, models: the model saved by a stop; every model file flair saved.
-        checkpoints: every full checkpoint rank 0 wrote, ``{"epoch", "path", "sha256"}``, in order (a resume
+        checkpoints: every full checkpoint rank 0 wrote, ``{"epoch", "path", "sha256", "batch"}``, in order (a resume
             continues from the last); resumed_from: the id of the run this one resumed from (None: none).
         run_dir, elapsed, samples_per_second, time_to_first_batch: as in :class:`~flair_nbddp.RunResult`.
 

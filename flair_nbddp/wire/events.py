@@ -67,6 +67,7 @@ class Job:
     resume: str = ""  # a checkpoint its first training continues from ("": none), and the file's sha256
     resume_sha256: str = ""
     chunk_size: int | None = None  # flair's mini_batch_chunk_size, imposed on its trainings (on_oom="halve_chunk")
+    checkpoint_every: int | None = None  # a full checkpoint every so many optimizer steps too (None: epochs' ends)
     shared: tuple[str, ...] = ()
     key: str = field(default_factory=lambda: uuid.uuid4().hex)  # names this job in the ranks' shared store
 
@@ -131,12 +132,13 @@ class Stopped(Event):
 
 @dataclass(frozen=True)
 class CheckpointSaved(Event):
-    """Rank 0 wrote a full checkpoint at the end of ``epoch`` (:mod:`flair_nbddp.worker.checkpoints`): the file and
-    its sha256."""
+    """Rank 0 wrote a full checkpoint at the end of ``epoch``, or ``batch`` batches into the next one (at a stop, or
+    every ``checkpoint_every`` steps; :mod:`flair_nbddp.worker.checkpoints`): the file and its sha256."""
 
     epoch: int
     path: str
     sha256: str
+    batch: int = 0
 
 
 @dataclass(frozen=True)

@@ -85,19 +85,27 @@ class _Job:
     resume: str = ""
     resume_sha256: str = ""
     chunk_size: int | None = None
+    every: int | None = None
 
 
 _JOB = _Job()
 
 
 def start_job(
-    directory: str | Path | None, resume: str = "", resume_sha256: str = "", chunk_size: int | None = None
-) -> None:
-    """A job begins: its trainings write their checkpoints in ``directory`` (None: none), the first resumes from
-    the checkpoint at ``resume`` (if given) when its sha256 is ``resume_sha256``, and, in a run restarted after
-    running out of memory, every training computes its batches in pieces of ``chunk_size``."""
+    directory: str | Path | None, resume: str = "", resume_sha256: str = "", chunk_size: int | None = None,
+    every: int | None = None,
+) -> None:  # fmt: skip
+    """A job begins: its trainings write their checkpoints in ``directory`` (None: none), at every epoch's end and,
+    with ``every``, every so many optimizer steps; the first resumes from the checkpoint at ``resume`` (if given)
+    when its sha256 is ``resume_sha256``, and, in a run restarted after running out of memory, every training
+    computes its batches in pieces of ``chunk_size``."""
     global _JOB
-    _JOB = _Job(Path(directory) if directory else None, resume, resume_sha256, chunk_size)
+    _JOB = _Job(Path(directory) if directory else None, resume, resume_sha256, chunk_size, every)
+
+
+def job_checkpoint_every() -> int | None:
+    """Every how many optimizer steps this job's trainings also write a checkpoint (None: at epochs' ends)."""
+    return _JOB.every
 
 
 def job_chunk_size() -> int | None:

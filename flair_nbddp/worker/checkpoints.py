@@ -4,68 +4,85 @@
 ``best-model.pt`` save, and as the training loop ends) it gathers every rank's random number generators and rank 0
 writes one file: the model's and the optimizer's state, the state of flair's plugins that decide (their
 schedulers' ``state_dict``: a linear schedule with warm-up, annealing on plateau; and their plain attributes), the
-epoch, flair's step count and the best dev score so far. The file is written beside its final name, flushed to
-disk and renamed over the previous one, so ``checkpoint.pt`` is always a whole checkpoint (never a torn one) and
-the previous stays until the new one is complete; its sha256 goes to the notebook with its epoch.
+epoch, flair's step count and the best dev score so far. It writes one inside an epoch too, when the notebook
+stops the training and, with ``checkpoint_every``, every N steps: then with where each rank is in the epoch (the
+batches trained, its generators as the epoch began) and what flair's loop has summed so far in its own local
+variables (the epoch's train loss and samples, its step count). The file is written beside its final name,
+flushed to disk and renamed over the previous one, so ``checkpoint.pt`` is always a whole checkpoint (never a torn
+one) and the previous stays until the new one is complete; its sha256 goes to the notebook with its position.
 
-Given a checkpoint, the same plugin resumes: flair's trainer starts after the checkpoint's epoch (its own
-``epoch=`` argument), and as its first epoch begins (flair's optimizer and every plugin's scheduler built, nothing
-drawn since) every rank loads the saved states into them and its own generators, so the epoch draws what it would
-have drawn. flair decides "best so far" from 0 again in a resumed training; the plugin keeps the checkpoint's best
-and lets flair overwrite ``best-model.pt`` only with a better model, as the uninterrupted training would have.
+Given a checkpoint, the same plugin resumes: flair's trainer starts after the checkpoint's last whole epoch (its
+own ``epoch=`` argument), and as its first epoch begins (flair's optimizer and every plugin's scheduler built,
+nothing drawn since) every rank loads the saved states into them and its own generators, so the epoch draws what
+it would have drawn. From inside an epoch, the generators are those the epoch began with (its data loader draws
+the same order), the epoch's loader leaves out the batches trained before the checkpoint, and as the first batch
+after them begins each rank takes the checkpoint's generators and flair's loop its sums back. flair decides "best
+so far" from 0 again in a resumed training; the plugin keeps the checkpoint's best and lets flair overwrite
+``best-model.pt`` only with a better model, as the uninterrupted training would have.
 
-Training goes on while a checkpoint is written: the states are copied where they are at the epoch's end (on a GPU,
-in its memory) and a thread writes the file; the next checkpoint, and the end of training, wait for it.
+Training goes on while a checkpoint is written: the states are copied where they are (on a GPU, in its memory) and
+a thread writes the file; the next checkpoint, and the end of training, wait for it.
 
 Nothing here draws a random number: a training with checkpoints is the same training.
 """
 
 from __future__ import annotations
 
+import ctypes
+import itertools
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import flair.trainers.trainer as trainer_module
 import torch
 from flair.trainers.plugins import TrainerPlugin
 
-from ..errors import CheckpointWriteError
+from ..errors import CheckpointWriteError, FlairNbddpError
 from .checkpoint_files import FORMAT, generators, set_generators, write
 
 _PLAIN = (bool, int, float, str, type(None))
 
 
 class Checkpointing(TrainerPlugin):
-    """Writes a full checkpoint at every epoch's end (rank 0) and resumes from ``resume`` (every rank).
+    """Writes full checkpoints (rank 0) and resumes from ``resume`` (every rank).
 
     ``gather(value)`` returns every rank's value, rank 0's first (a single process: ``[value]``); ``saved(epoch,
-    path, sha256)`` is called on rank 0 after each write. It must be the last plugin (flair dispatches in order,
-    and it restores before the schedulers' plugins, which flair attaches after the caller's, read the optimizer).
+    batch, path, sha256)`` is called on rank 0 after each write; ``stopping()`` says the notebook's stop ended the
+    training (every rank at the same batch); ``every``: also a checkpoint every so many optimizer steps, written as
+    the next batch begins (once every plugin, a scheduler's included, is done with the last one). In a run it comes
+    after flair's own plugins (``train``/``fine_tune`` put their schedulers' in the list of plugins) and before the
+    one that stops the training, so that a stop's checkpoint sees the last batch counted and the schedule stepped.
     """
 
     def __init__(
-        self, path: Path, rank: int, gather: Callable[[Any], list], saved: Callable[[int, Path, str], None],
-        resume: dict[str, Any] | None = None,
+        self, path: Path, rank: int, gather: Callable[[Any], list], saved: Callable[[int, int, Path, str], None],
+        resume: dict[str, Any] | None = None, stopping: Callable[[], bool] = lambda: False, every: int | None = None,
     ) -> None:  # fmt: skip
         """``resume``: a checkpoint from :func:`read` to continue from, with as many ranks as wrote it."""
         super().__init__()
-        self._path, self._rank, self._gather, self._saved, self._resume = Path(path), rank, gather, saved, resume
-        self._resume_done: dict[str, Any] | None = None
+        self._path, self._rank, self._gather, self._saved = Path(path), rank, gather, saved
+        self._checkpoint, self._restored = resume, False
+        self._stopping, self._every = stopping, every
+        self._position: dict[str, Any] | None = None  # a mid-epoch checkpoint's, until its epoch's first batch
         self._steps = 0  # flair's optimizer steps so far
+        self._epoch = 0  # the epoch being trained
+        self._batches = 0  # its batches trained so far
+        self._epoch_generators: dict[str, Any] = {}  # this rank's generators as the epoch began
+        self._loader: type | None = None  # flair's data loader while the resumed epoch's stands in for it
+        self._epoch_ended = False  # the last batch trained was its epoch's last
+        self._due = False  # a checkpoint every N steps is due as the next batch begins
         self._best: float | None = None
         self._higher_is_better = True
-        self._written_for = -1
+        self._written_for: tuple[int, int] = (-1, 0)
         self._writer: threading.Thread | None = None
         self._write_error: BaseException | None = None
 
     @property
-    def _checkpoint(self) -> dict[str, Any] | None:
-        return self._resume or self._resume_done
-
-    @property
     def start_epoch(self) -> int:
-        """The epoch flair's trainer starts after (its ``epoch=`` argument): the checkpoint's, or 0."""
+        """The epoch flair's trainer starts after (its ``epoch=`` argument): the checkpoint's last whole epoch, or 0."""
         return self._checkpoint["epoch"] if self._checkpoint else 0
 
     @property
@@ -88,8 +105,39 @@ class Checkpointing(TrainerPlugin):
         self._improved = True
 
     @TrainerPlugin.hook
-    def after_training_batch(self, **_: Any) -> None:
+    def before_training_epoch(self, epoch: int, **_: Any) -> None:
+        if self._checkpoint is not None and not self._restored:  # flair's optimizer and every plugin's schedulers
+            self._restored = True  # are built, and nothing was drawn since
+            self._restore(self._checkpoint)
+        if epoch - 1 > self.start_epoch:  # an epoch of this training has ended
+            self._write(epoch - 1)
+        self._epoch, self._batches, self._epoch_generators = epoch, 0, generators()
+
+    @TrainerPlugin.hook
+    def before_training_batch(self, **_: Any) -> None:
+        if self._position is not None:  # the first batch after a mid-epoch checkpoint's: go on from there
+            position, self._position = self._position, None
+            self._put_flairs_loader_back()
+            set_generators(position["generators"])
+            self._batches = position["batches"]
+            values = {name: position[name] for name in _LOOP_LOCALS}
+            values["batch_count"] += 1  # flair counted the batch now beginning already
+            _set_locals(_training_frame(), values)
+        if self._due:  # every plugin has finished with the last batch (a scheduler's step included)
+            self._due = False
+            self._write_position(begun=1)
+
+    @TrainerPlugin.hook
+    def after_training_batch(self, batch_no: int, total_number_of_batches: int, **_: Any) -> None:
         self._steps += 1
+        self._batches += 1
+        self._epoch_ended = batch_no + 1 == total_number_of_batches
+        self._due = bool(self._every) and self._steps % self._every == 0 and not self._epoch_ended
+
+    @TrainerPlugin.hook
+    def training_interrupt(self, **_: Any) -> None:
+        if self._stopping() and not self._epoch_ended:  # the notebook's stop: every rank is at the same batch
+            self._write_position()  # (at an epoch's last batch its evaluation is still to come: the end before)
 
     @TrainerPlugin.hook
     def after_evaluation(self, epoch: int, validation_scores: tuple = (), **_: Any) -> None:
@@ -103,14 +151,6 @@ class Checkpointing(TrainerPlugin):
             self._best = score
 
     @TrainerPlugin.hook
-    def before_training_epoch(self, epoch: int, **_: Any) -> None:
-        if self._resume is not None:  # every plugin has built its schedulers, and nothing was drawn since
-            self._restore(self._resume)
-            self._resume_done, self._resume = self._resume, None
-        if epoch - 1 > self.start_epoch:  # an epoch of this training has ended
-            self._write(epoch - 1)
-
-    @TrainerPlugin.hook
     def after_training_loop(self, **_: Any) -> None:
         last = self.trainer.model.model_card["training_parameters"].get("epoch", 0)  # flair's, as it ended
         if last > self.start_epoch:
@@ -119,33 +159,49 @@ class Checkpointing(TrainerPlugin):
     @TrainerPlugin.hook
     def _training_finally(self, **_: Any) -> None:
         self.trainer.__dict__.pop("_save_model", None)  # flair's own method again
+        self._put_flairs_loader_back()  # a resume that never reached its first batch
         self.finish_writing()
 
-    def _write(self, epoch: int) -> None:
-        if epoch == self._written_for:
+    def _put_flairs_loader_back(self) -> None:
+        if self._loader is not None:
+            trainer_module.DataLoader, self._loader = self._loader, None
+
+    def _write_position(self, begun: int = 0) -> None:
+        """A checkpoint inside the epoch, with what flair's loop has summed so far (``begun``: batches it has
+        counted that are not trained yet)."""
+        loop = {name: _training_frame().f_locals[name] for name in _LOOP_LOCALS}
+        loop["batch_count"] -= begun
+        self._write(self._epoch - 1, {"batches": self._batches, "epoch_generators": self._epoch_generators, **loop})
+
+    def _write(self, epoch: int, position: dict[str, Any] | None = None) -> None:
+        """Write the checkpoint of the end of ``epoch``, or of ``position`` in the epoch after it."""
+        batch = position["batches"] if position else 0
+        if (epoch, batch) == self._written_for:
             return
-        self._written_for = epoch
-        states = self._gather(generators())
+        self._written_for = (epoch, batch)
+        ranks = self._gather({"generators": generators(), "position": position})
         if self._rank != 0:
             return
         checkpoint = _snapshot({
             "format": FORMAT,
             "epoch": epoch,
+            "batch": batch,
             "steps": self._steps,
             "best": self._best,
             "model": self.trainer.model.state_dict(),
             "optimizer": self.trainer.optimizer.state_dict(),
             "plugins": self._plugin_states(),
-            "generators": states,
+            "generators": [rank["generators"] for rank in ranks],
+            "positions": [rank["position"] for rank in ranks] if position else None,
         })  # fmt: skip
         self.finish_writing()
-        self._writer = threading.Thread(target=self._write_file, args=(epoch, checkpoint), daemon=True,
+        self._writer = threading.Thread(target=self._write_file, args=(epoch, batch, checkpoint), daemon=True,
                                         name="flair_nbddp-checkpoint")  # fmt: skip
         self._writer.start()
 
-    def _write_file(self, epoch: int, checkpoint: dict[str, Any]) -> None:
+    def _write_file(self, epoch: int, batch: int, checkpoint: dict[str, Any]) -> None:
         try:
-            self._saved(epoch, self._path, write(self._path, checkpoint))
+            self._saved(epoch, batch, self._path, write(self._path, checkpoint))
         except BaseException as error:  # noqa: BLE001 - raised in the training's thread by finish_writing
             self._write_error = error
 
@@ -159,6 +215,10 @@ class Checkpointing(TrainerPlugin):
             raise CheckpointWriteError(f"the checkpoint {self._path} could not be written: {error}") from error
 
     def _restore(self, checkpoint: dict[str, Any]) -> None:
+        """Load the checkpoint's states and its generators; for a position inside the next epoch, the generators
+        as that epoch began (its data loader draws its order from them, the order it had), flair's loader for the
+        epoch leaving out the batches trained before the checkpoint, and the generators of the checkpoint as the
+        first batch after them begins."""
         self.trainer.model.load_state_dict(checkpoint["model"])
         self.trainer.optimizer.load_state_dict(checkpoint["optimizer"])
         for name, plugin in self._plugins():
@@ -169,7 +229,14 @@ class Checkpointing(TrainerPlugin):
                 else:
                     setattr(plugin, attribute, value)
         self._best = checkpoint["best"]
-        set_generators(checkpoint["generators"][self._rank])
+        generators_here = checkpoint["generators"][self._rank]
+        if not checkpoint.get("positions"):
+            set_generators(generators_here)
+            return
+        self._position = {**checkpoint["positions"][self._rank], "generators": generators_here}
+        set_generators(self._position["epoch_generators"])
+        self._loader = trainer_module.DataLoader
+        trainer_module.DataLoader = _loader_leaving_out(self._loader, self._position["batches"])
 
     def _plugins(self) -> list[tuple[str, Any]]:
         return [(f"{index}:{type(plugin).__name__}", plugin) for index, plugin in enumerate(self.trainer.plugins)
@@ -185,6 +252,47 @@ class Checkpointing(TrainerPlugin):
             if schedulers:
                 states[name] = {**{name: value for name, value in attributes.items() if _plain(value)}, **schedulers}
         return states
+
+
+_LOOP_LOCALS = ("epoch_train_loss", "epoch_train_samples", "total_train_samples", "batch_count")
+# what flair's train_custom sums in its loop's own variables: an epoch's train loss, flair's step count
+
+
+def _training_frame() -> Any:
+    """The frame of flair's ``train_custom`` running this training (its loop's sums are its local variables)."""
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "train_custom" and "epoch_train_loss" in
+                                     frame.f_code.co_varnames):  # fmt: skip
+        frame = frame.f_back
+    if frame is None:
+        raise FlairNbddpError(
+            "flair's ModelTrainer.train_custom keeps no epoch_train_loss here: this flair's training loop is not the "
+            "one a checkpoint inside an epoch (at a stop, or with checkpoint_every) is made for: use flair 0.15"
+        )
+    return frame
+
+
+def _set_locals(frame: Any, values: dict[str, Any]) -> None:
+    """Set local variables of ``frame``, a running function's."""
+    if sys.version_info >= (3, 13):  # frame.f_locals writes through
+        for name, value in values.items():
+            frame.f_locals[name] = value
+        return
+    frame.f_locals.update(values)
+    ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
+
+
+def _loader_leaving_out(loader: type, batches: int) -> type:
+    """flair's data loader for the epoch a mid-epoch checkpoint was in: its batches after the first ``batches``."""
+
+    class ResumedEpochLoader(loader):
+        def __iter__(self) -> Any:
+            return itertools.islice(super().__iter__(), batches, None)
+
+        def __len__(self) -> int:
+            return max(0, super().__len__() - batches)
+
+    return ResumedEpochLoader
 
 
 def _snapshot(value: Any) -> Any:

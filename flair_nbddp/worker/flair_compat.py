@@ -285,9 +285,11 @@ def bend_flair_launcher_for_cpu(processes: int) -> None:
     allow_cpu_ddp()
 
 
-def _checkpointing(sender: EventSender, rank: int, world_size: int, control_group: Any) -> Any:
+def _checkpointing(
+    sender: EventSender, rank: int, world_size: int, control_group: Any, streaming: StreamingPlugin
+) -> Any:  # fmt: skip
     """The plugin writing this training's full checkpoints (and resuming the job's first training from one), or
-    None where the job writes none."""
+    None where the job writes none; ``streaming`` says when the notebook's stop ended the training."""
     directory = checkpoint_files.job_directory()
     if directory is None:
         return None
@@ -305,10 +307,11 @@ def _checkpointing(sender: EventSender, rank: int, world_size: int, control_grou
         dist.all_gather_object(values, value, group=control_group)
         return values
 
-    def saved(epoch: int, path: Path, sha256: str) -> None:
-        sender.send(CheckpointSaved(0, epoch, str(path.resolve()), sha256))
+    def saved(epoch: int, batch: int, path: Path, sha256: str) -> None:
+        sender.send(CheckpointSaved(0, epoch, str(path.resolve()), sha256, batch))
 
-    return Checkpointing(directory / checkpoint_files.NAME, rank, gather, saved, resume)
+    return Checkpointing(directory / checkpoint_files.NAME, rank, gather, saved, resume,
+                         stopping=lambda: streaming.stopped, every=checkpoint_files.job_checkpoint_every())  # fmt: skip
 
 
 def instrument_trainer(
@@ -327,12 +330,12 @@ def instrument_trainer(
                 "each rank would train on the whole corpus on its own. Add multi_gpu=True to the call."
             )
         streaming = StreamingPlugin(sender, rank, counters, control_group)
-        checkpointing = _checkpointing(sender, rank, world_size, control_group)
+        checkpointing = _checkpointing(sender, rank, world_size, control_group, streaming)
         if checkpointing is not None and checkpointing.start_epoch:
             kwargs["epoch"] = checkpointing.start_epoch  # flair's own argument: the epoch it goes on after
         if checkpoint_files.job_chunk_size() is not None:  # a restart after running out of memory
             kwargs["mini_batch_chunk_size"] = checkpoint_files.job_chunk_size()
-        ours = [streaming] if checkpointing is None else [streaming, checkpointing]
+        ours = [streaming] if checkpointing is None else [checkpointing, streaming]  # a batch counted, then a stop
         ddp_exec.training(True)  # an interrupt of a %%ddp_exec cell waits for the same-batch stop
         try:
             scores = original(self, *args, multi_gpu=multi_gpu, plugins=[*(plugins or []), *ours], **kwargs)

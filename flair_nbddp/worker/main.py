@@ -383,7 +383,7 @@ def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) ->
         distributed_eval.start_job(f"flair_nbddp/{job.key}", job.distributed_eval)
         fast_inputs.start_job(job.fast_inputs, ahead=vitals.device.type != "cpu")
         precision.start_job(job.precision)
-        checkpoint_files.start_job(job.run_dir, job.resume, job.resume_sha256, job.chunk_size)
+        checkpoint_files.start_job(job.run_dir, job.resume, job.resume_sha256, job.chunk_size, job.checkpoint_every)
         try:
             value = fn(*args, **kwargs)
         finally:
