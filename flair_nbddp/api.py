@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from .ledger.provenance import Provenance
 from .options import RunOptions, documented
+from .restarts import RestartingRun
 from .result import RunResult
 from .run import Run
 from .watch import launch_and_watch
@@ -19,8 +20,6 @@ from .worker_source import WorkerSource, source_for
 
 _START_DECIDES = {  # options start() takes none of
     "dashboard": "start() shows nothing; launch() shows the run",
-    "max_restarts": "restarts are made while launch() waits for the run; start() returns at once",
-    "restart_timeout": "start() makes no restarts; launch() does",
 }
 
 
@@ -34,12 +33,15 @@ def start(
     pool: WorkerSource | None = None,
     provenance: Provenance | None = None,
     **run_options: Any,
-) -> Run:
+) -> Run | RestartingRun:
     """Start ``fn(*args, **kwargs)`` on every device and return the running :class:`~flair_nbddp.Run` at once.
 
     For code that must not block (a widget, a loop that watches several things). Arguments and errors as
     for :func:`launch`; nothing is shown: read ``run.state.snapshot()``, or show a
-    :class:`~flair_nbddp.notebook.dashboard.Dashboard` of it.
+    :class:`~flair_nbddp.notebook.dashboard.Dashboard` of it. With ``max_restarts`` (or ``on_oom="halve_chunk"``)
+    it returns a :class:`~flair_nbddp.restarts.RestartingRun`, used the same way: a thread starts the run again
+    from its last checkpoint when a rank fails, ``run.current`` is the attempt running now, and ``run.wait()``
+    returns the last attempt's result with every attempt listed.
 
     Run options (keywords, or ``options=RunOptions(...)``; keywords win):
         {run_options}
@@ -52,8 +54,10 @@ def start(
         run.wait().status  # 'stopped'
     """
     options = RunOptions.of(run_options, options, where="start(): ", not_here=_START_DECIDES)
-    source = source_for(options, pool)
-    return Run(fn, args, kwargs or {}, source, options, provenance=provenance or Provenance("start")).start()
+    provenance = provenance or Provenance("start")
+    if options.max_restarts or options.on_oom == "halve_chunk":
+        return RestartingRun(fn, args, kwargs or {}, options, pool, provenance).start()
+    return Run(fn, args, kwargs or {}, source_for(options, pool), options, provenance=provenance).start()
 
 
 @documented()

@@ -184,7 +184,8 @@ class RunOptions:
     max_restarts: int = _option(
         0, "when a rank fails (an error, a signal, out of memory, a lost Dask worker, a hang past ``hang_timeout``), "
         "end every rank and start the run again from its last full checkpoint, up to this many times (``launch``, "
-        "``WorkerPool.launch`` and ``%%ddp_train``); an interrupt or a stop is never restarted, nor a ``timeout``. "
+        "``start``, ``WorkerPool.launch``, ``%%ddp_train`` and the panel); an interrupt or a stop is never restarted, "
+        "nor a ``timeout``. "
         ":attr:`RunResult.attempts <flair_nbddp.RunResult.attempts>` lists every attempt.",
         flag={"type": int, "metavar": "N"},
     )  # fmt: skip
@@ -196,8 +197,8 @@ class RunOptions:
     on_oom: str = _option(
         "fail", '``"fail"``: a rank out of memory ends the run with :class:`~flair_nbddp.OutOfMemoryError`; '
         '``"halve_chunk"``: start it again from its last full checkpoint with flair\'s ``mini_batch_chunk_size`` '
-        "halved (the same effective batch, so the same schedule, in smaller pieces), down to 1 (``launch``, "
-        "``WorkerPool.launch``, ``%%ddp_train``); these restarts do not count against ``max_restarts``.",
+        "halved (the same effective batch, so the same schedule, in smaller pieces), down to 1; these restarts do "
+        "not count against ``max_restarts``.",
         flag={"choices": ON_OOM},
     )  # fmt: skip
     resume_force: bool = _option(

@@ -1,5 +1,6 @@
 """The training panel: params → widgets, run bookkeeping on a fake run, a real failing run, Train/Stop in a kernel."""
 
+import re
 import threading
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import pytest
 from jupyter_kernel import running_kernel
 
 from flair_nbddp.devices import resolve_devices
-from flair_nbddp.errors import WorkerError
+from flair_nbddp.errors import ResumeError, WorkerError
 from flair_nbddp.notebook import panel as panel_module
 from flair_nbddp.notebook.panel import (
     PanelRun,
@@ -22,7 +23,7 @@ from flair_nbddp.notebook.panel import (
 from flair_nbddp.notebook.run_table import runs_html
 from flair_nbddp.options import RunOptions
 from flair_nbddp.pool import WorkerPool, set_current_pool
-from flair_nbddp.result import RunResult
+from flair_nbddp.result import Checkpoint, RunResult
 from flair_nbddp.state import MetricPoint, RunState
 
 
@@ -165,12 +166,12 @@ class FakeRun:
         self.state.end(self._outcome.status)
         return self._outcome
 
-    def end(self, status="finished", value=None, error=None, checkpoint=None, metrics=()):
+    def end(self, status="finished", value=None, error=None, checkpoint=None, metrics=(), checkpoints=()):
         points = [MetricPoint(name, value, 1, 0.0) for name, value in metrics]
         self._end(RunResult(
             value=value, status=status, world_size=2, device_type="cpu", backend="gloo", elapsed=42.0,
             time_to_first_batch=None, samples_per_second=0.0, log="", metrics=points, ranks=[], seed=1,
-            run_dir=Path("."), checkpoint=checkpoint, error=error,
+            run_dir=Path("."), checkpoint=checkpoint, error=error, checkpoints=list(checkpoints),
         ))  # fmt: skip
 
     def crash(self, error):
@@ -209,11 +210,11 @@ def _locked(panel):
 
 
 def test_the_panel_carries_its_css_classes_and_displays_as_a_widget(panel):
-    names = ("widget", "train_button", "stop_button", "status", "history")
+    names = ("widget", "train_button", "stop_button", "resume_button", "status", "history")
     classes = {name: getattr(panel, name)._dom_classes for name in names}
     assert classes == {
         "widget": ("nbddp-panel",), "train_button": ("nbddp-train",), "stop_button": ("nbddp-stop",),
-        "status": ("nbddp-panel-status",), "history": ("nbddp-history",),
+        "resume_button": ("nbddp-resume",), "status": ("nbddp-panel-status",), "history": ("nbddp-history",),
     }  # fmt: skip
     bundle = panel._repr_mimebundle_()
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == panel.widget.model_id
@@ -268,6 +269,27 @@ def test_stop_asks_the_run_to_stop_gracefully_and_a_second_train_works(panel, fa
     assert [record.status for record in panel.runs] == ["stopped", "finished"]
     history = panel.history.value
     assert history.index("0.001") < history.index("0.005")  # newest first
+
+
+def test_resume_continues_the_last_stopped_run_from_its_checkpoint_with_its_values(panel, fake_runs):
+    assert panel.resume_button.disabled  # no run yet
+    panel.controls["max_epochs"].value = 6
+    panel.train()
+    fake_runs[0].end("stopped", checkpoints=[Checkpoint(1, Path("run/checkpoint.pt"), "ab", 3)])
+    stopped = panel.wait(timeout=5)
+    assert not panel.resume_button.disabled and panel.resumable is panel.runs[0]
+    panel.controls["max_epochs"].value = 9  # changed since: Resume continues the run as it was
+    panel.resume_button.click()
+    resumed = fake_runs[1]
+    assert resumed.options.resume is stopped and resumed.kwargs["max_epochs"] == 6
+    assert (resumed.options.device, resumed.options.processes) == ("cpu", 2)  # the stopped run's devices
+    assert panel.controls["max_epochs"].value == 6 and panel.resume_button.disabled  # locked while it runs
+    resumed.end()
+    panel.wait(timeout=5)
+    assert panel.resume_button.disabled  # the last run finished: nothing to resume
+    with pytest.raises(ResumeError, match="nothing to resume"):
+        panel.resume()
+    assert "nothing to resume" in panel.message.value
 
 
 def test_the_fixed_run_options_reach_every_run(fake_runs):
@@ -432,7 +454,7 @@ print("returned after", time.monotonic() - started)
 """
 AWAIT_PROGRESS = """
 deadline = time.monotonic() + 90
-while panel.dashboard.bar.value < 0.03 and panel.active and time.monotonic() < deadline:
+while panel.dashboard.bar.value < 0.01 and panel.active and time.monotonic() < deadline:
     time.sleep(0.1)
 print('progress', panel.dashboard.bar.value)
 """
@@ -441,6 +463,16 @@ result = panel.wait(timeout=60)
 workers = [p for p in psutil.Process().children(recursive=True) if "flair_nbddp.worker" in " ".join(p.cmdline())]
 print(result.status, result.checkpoint.name, panel.runs[0].params, len(workers))
 print("test_score", result.value["test_score"], "in the table's scores:", "test_score" in panel.runs[0].scores)
+"""
+RESUME = """
+panel.resume_button.click()
+deadline = time.monotonic() + 90
+while panel.run.state.snapshot().ranks[0].step < 2 and panel.active and time.monotonic() < deadline:
+    time.sleep(0.1)
+panel.stop()
+resumed = panel.wait(timeout=60)
+import flair_nbddp
+print(resumed.status, flair_nbddp.history(limit=1)[0].resumed_from == panel.runs[0].record_id, len(panel.runs))
 """
 
 
@@ -457,19 +489,25 @@ def test_train_and_stop_buttons_drive_a_real_run_in_a_kernel(tiny_model_path, tm
         clicked = _ok(kernel.execute(CLICK_TRAIN))
         assert float(clicked.stdout.split()[-1]) < 5  # Train returned while the run goes on
         progressed = _ok(kernel.execute(AWAIT_PROGRESS, timeout=120))
-        assert float(progressed.stdout.split()[-1]) >= 0.03, progressed.stdout
+        assert float(progressed.stdout.split()[-1]) >= 0.01, progressed.stdout
         _ok(kernel.execute("panel.stop_button.click()"))
         ended = _ok(kernel.execute(AFTER_STOP, timeout=90))
+        resumed = _ok(kernel.execute(RESUME, timeout=150))  # from where the stop left it: its checkpoint
 
     expected = "stopped final-model.pt {'learning_rate': 0.005, 'max_epochs': 20, 'mini_batch_size': 4} 0"
     assert ended.stdout.strip().splitlines() == [expected, "test_score nan in the table's scores: False"]
+    notice, outcome = resumed.stdout.strip().splitlines()  # the stop came inside epoch 1 (of 50 batches)
+    assert re.fullmatch(r"flair_nbddp: resuming run #\d+ from epoch 1, batch \d+ \(.*checkpoint\.pt\)", notice), notice
+    assert outcome == "stopped True 2"
     [train] = kernel.widgets_with_class("nbddp-train")
     [stop] = kernel.widgets_with_class("nbddp-stop")
-    assert train.history("disabled") == [False, True, False]
-    assert stop.history("disabled") == [True, False, True]
+    [resume] = kernel.widgets_with_class("nbddp-resume")
+    assert train.history("disabled") == [False, True, False, True, False]
+    assert stop.history("disabled") == [True, False, True, False, True]
+    assert resume.history("disabled") == [True, False, True, False]  # offered after each stop
     sliders = [model for model in kernel.widgets.values() if model.model_name == "IntSliderModel"]
-    assert sliders[0].history("disabled") == [False, True, False]
-    [bar] = kernel.widgets_with_class("nbddp-progress")
+    assert sliders[0].history("disabled") == [False, True, False, True, False]
+    bar = kernel.widgets_with_class("nbddp-progress")[0]  # the first run's (the resumed run has its own)
     assert any(0 < value < 1 for value in bar.history("value")), "no live progress reached the frontend"
     [status] = kernel.widgets_with_class("nbddp-panel-status")
     assert any("● running" in value for value in status.history("value"))

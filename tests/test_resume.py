@@ -217,13 +217,6 @@ def test_the_same_failure_after_every_restart_ends_the_run_with_the_last_error(w
     assert attempts[-1].error is failed.value and all(attempt.resumed_from_epoch == 0 for attempt in attempts)
 
 
-def test_start_and_the_panel_refuse_max_restarts_with_the_reason():
-    from flair_nbddp import UnknownOptionError
-
-    with pytest.raises(UnknownOptionError, match="max_restarts= is not taken here: restarts are made while launch"):
-        start(len, ([],), max_restarts=1)
-
-
 @pytest.mark.process
 def test_out_of_memory_with_halve_chunk_restarts_with_half_the_chunk_until_it_fits(warm_pool, tiny_model_path,
                                                                                   tmp_path, capsys):  # fmt: skip
@@ -240,3 +233,25 @@ def test_out_of_memory_with_halve_chunk_restarts_with_half_the_chunk_until_it_fi
     assert "with mini_batch_chunk_size=1" in out
     records = flair_nbddp.history(limit=3)
     assert [record.options.get("mini_batch_chunk_size") for record in records] == [1, 2, None]  # newest first
+
+
+@pytest.mark.process
+def test_the_panel_and_start_restart_a_run_whose_rank_failed_from_its_last_checkpoint(whole, tiny_model_path, tmp_path):
+    from flair_nbddp.notebook.panel import TrainingPanel
+    from flair_nbddp.restarts import RestartingRun
+
+    marker = tmp_path / "fail"
+    marker.touch()
+    fixed = {"model_path": tiny_model_path, "base_path": str(tmp_path / "panel"), "marker": str(marker)}
+    panel = TrainingPanel(fine_tune_failing_once, sentiment_corpus(**CORPUS), fixed=fixed, seed=11, max_restarts=1,
+                          device="cpu", processes=2)  # fmt: skip
+    run = panel.train()  # through start(), which returns a run that restarts itself
+    first = run.current
+    result = panel.wait(timeout=180)
+    assert isinstance(run, RestartingRun) and run.current is not first and not first.active
+    assert result.status == "finished" and [attempt.status for attempt in result.attempts] == ["failed", "finished"]
+    assert result.attempts[1].resumed_from_epoch == 2 and result.value["test_score"] == whole.value["test_score"]
+    [record] = panel.runs
+    assert len(record.restarts) == 1 and "rank 1 failed (RuntimeError)" in record.restarts[0], record.restarts
+    assert record.restarts[0].endswith("restart 1 of 1 from the end of epoch 2")
+    assert not panel.active and not panel.train_button.disabled and "● finished" in panel.status.value

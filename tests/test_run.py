@@ -15,11 +15,20 @@ from flair_nbddp.errors import (
     RunHangError,
     RunStateError,
     StillRunningError,
+    WorkerError,
 )
 from flair_nbddp.options import RunOptions
+from flair_nbddp.restarts import RestartingRun
 from flair_nbddp.run import Run, runs
 from flair_nbddp.wire import payload
-from flair_nbddp.wire.events import EventSender, Finished, Job, ResultReady, Started
+from flair_nbddp.wire.events import (
+    EventSender,
+    Failed,
+    Finished,
+    Job,
+    ResultReady,
+    Started,
+)
 
 
 class FakeRanks:
@@ -83,8 +92,8 @@ def source():
 
 
 def finish(source: FakeSource, value) -> None:
-    """What the ranks of a finished job send; rank 0 writes the value where the job says."""
-    [job] = source.jobs
+    """What the ranks of a finished job (the source's last) send; rank 0 writes the value where the job says."""
+    job = source.jobs[-1]
     for rank, sender in enumerate(source.ranks.ranks):
         sender.send(Started(rank, pid=100 + rank, device="cpu"))
     payload.write_result(job.result, value)
@@ -115,6 +124,29 @@ def test_ranks_sharing_a_gpu_say_so_once_and_the_ledger_records_it(source, capsy
     assert capsys.readouterr().out.count(notice) == 1
     assert (result.device_type, result.backend) == ("cuda", "gloo")
     assert flair_nbddp.history(limit=1)[0].devices == "2 × cuda sharing GPU 0 (gloo)"
+
+
+def test_a_run_started_with_restarts_starts_again_when_a_rank_fails_and_lists_its_attempts(source, capsys):
+    run = RestartingRun(double, (21,), {}, RunOptions(max_restarts=1), source, None).start()
+    first = run.current
+    for rank, sender in enumerate(source.ranks.ranks):
+        sender.send(Started(rank, pid=100 + rank, device="cpu"))
+    source.ranks.ranks[1].send(Failed(1, "RuntimeError", "rank 1 failed", "Traceback (most recent call last): ..."))
+    wait_for(lambda: len(source.jobs) == 2, 10, "the second attempt")  # the same call, packed again
+    assert run.current is not first and not first.active and run.active
+    finish(source, 42)
+    result = run.wait(timeout=10)
+    assert (result.status, result.value) == ("finished", 42) and not run.active
+    assert [attempt.status for attempt in result.attempts] == ["failed", "finished"]
+    assert isinstance(result.attempts[0].error, WorkerError) and result.attempts[0].error.rank == 1
+    assert "rank 1 failed (RuntimeError); restart 1 of 1 from the start" in capsys.readouterr().out
+
+
+def test_a_stopped_run_is_not_started_again(source):
+    run = RestartingRun(double, (21,), {}, RunOptions(max_restarts=3, stop_timeout=0.5), source, None).start()
+    run.stop()  # its ranks never answer: ended after stop_timeout, and no attempt follows
+    result = run.wait(timeout=10)
+    assert result.status in ("stopped", "failed") and len(source.jobs) == 1 and not result.attempts
 
 
 def test_several_threads_waiting_for_one_run_get_the_same_result(source):

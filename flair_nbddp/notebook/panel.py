@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..api import start
 from ..devices import DevicePlan, cuda_plan, resolve_devices, visible_gpu_count
-from ..errors import ConfigurationError, NotCallableError, RunActiveError
+from ..errors import ConfigurationError, NotCallableError, ResumeError, RunActiveError
 from ..ledger.provenance import Provenance
 from ..ledger.store import Ledger, RunRecord
 from ..options import RunOptions, documented
 from ..pool import WorkerPool, current_pool
+from ..restarts import RestartingRun
 from ..result import RunResult
 from ..run import Run, wait_for_end
 from ..state import Snapshot
@@ -63,8 +64,6 @@ LOG_SLIDER_DECADES = 2  # a lone learning rate gets a slider this many decades e
 _FAILED = STATUS_COLORS["failed"]
 _PANEL_DECIDES = {  # run options the panel takes none of
     "dashboard": "the panel shows its own",
-    "max_restarts": "the panel's runs are not restarted yet; launch() and %%ddp_train restart",
-    "restart_timeout": "the panel's runs are not restarted yet",
 }
 
 
@@ -290,6 +289,7 @@ class PanelRun:
         error: the failure, if it failed.
         record_id: its id in the run ledger (the table's ``#``), None when not recorded.
         started_at: when Train was pressed (a ``time.time()``).
+        restarts: with ``max_restarts``, why and from where each restart started it again (the status says the last).
     """
 
     number: int
@@ -302,6 +302,7 @@ class PanelRun:
     error: BaseException | None = None
     record_id: int | None = None
     started_at: float = field(default_factory=time.time, compare=False)
+    restarts: list[str] = field(default_factory=list)
 
     def as_record(self) -> RunRecord:
         """This run as a row of the history table, where the run ledger has none (its ``#`` shows "—")."""
@@ -397,7 +398,8 @@ class TrainingPanel:
             arguments (named in the message).
 
     The widgets are attributes: ``widget`` (the root, CSS class ``nbddp-panel``), ``controls`` (one per
-    param), ``devices``, ``train_button`` (``nbddp-train``), ``stop_button`` (``nbddp-stop``), ``status``
+    param), ``devices``, ``train_button`` (``nbddp-train``), ``stop_button`` (``nbddp-stop``), ``resume_button``
+    (``nbddp-resume``: enabled while the last run is stopped or failed with a full checkpoint), ``status``
     (``nbddp-panel-status``), ``message`` (``nbddp-panel-error``: errors, in red), ``history``
     (``nbddp-history``) and ``dashboard`` (the current run's :class:`~flair_nbddp.notebook.dashboard.Dashboard`).
 
@@ -461,9 +463,11 @@ class TrainingPanel:
         self.devices.style.description_width = "56px"
         self.train_button = widgets.Button(description="Train", icon="play", button_style="success")
         self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="warning", disabled=True)
+        self.resume_button = widgets.Button(description="Resume", icon="forward", disabled=True)
         self.train_button.tooltip = "start a run with these values; it trains in the background"
         self.stop_button.tooltip = "stop after the current batch on every rank; flair saves the model"
-        for button in (self.train_button, self.stop_button):
+        self.resume_button.tooltip = "continue the last run, stopped or failed, from its last checkpoint, with its values"
+        for button in (self.train_button, self.stop_button, self.resume_button):
             button.layout = widgets.Layout(width="96px", margin="0 0 0 8px")
         self.status = widgets.HTML(panel_status_html("ready"), layout=widgets.Layout(margin="0 0 0 14px"))
         self.message = widgets.HTML(layout=widgets.Layout(display="none", width="100%", margin="2px 0 6px"))
@@ -473,11 +477,12 @@ class TrainingPanel:
         self.widget = self._layout(widgets)
         for control, css_class in [
             (self.widget, "nbddp-panel"), (self.train_button, "nbddp-train"), (self.stop_button, "nbddp-stop"),
-            (self.status, "nbddp-panel-status"), (self.message, "nbddp-panel-error"), (self.history, "nbddp-history"),
+            (self.resume_button, "nbddp-resume"), (self.status, "nbddp-panel-status"), (self.message, "nbddp-panel-error"), (self.history, "nbddp-history"),
         ]:  # fmt: skip
             control.add_class(css_class)
         self.train_button.on_click(self._on_train_click)
         self.stop_button.on_click(lambda _: self.stop())
+        self.resume_button.on_click(self._on_resume_click)
 
     def _layout(self, widgets: Any) -> ipywidgets.VBox:
         call = f"{_name(self.fn)}({'corpus, ' if self.corpus is not None else ''}**params)"
@@ -490,7 +495,7 @@ class TrainingPanel:
             list(self.controls.values()), layout=widgets.Layout(grid_template_columns=columns, grid_gap="2px 24px")
         )
         buttons = widgets.HBox(
-            [self.devices, self.train_button, self.stop_button, self.status],
+            [self.devices, self.train_button, self.stop_button, self.resume_button, self.status],
             layout=widgets.Layout(align_items="center", flex_flow="row wrap", margin="8px 0 6px"),
         )
         heading = widgets.HTML(f'<span style="color:{MUTED_COLOR};font-size:12px;font-weight:600">runs</span>')
@@ -511,6 +516,14 @@ class TrainingPanel:
         return not self._done.is_set()
 
     @property
+    def resumable(self) -> PanelRun | None:
+        """This panel's last run if it stopped or failed after writing a full checkpoint (what Resume continues)."""
+        last = self.runs[-1] if self.runs else None
+        if last is None or last.status not in ("stopped", "failed") or last.result is None:
+            return None
+        return last if last.result.checkpoints else None
+
+    @property
     def result(self) -> RunResult | None:
         """The last ended run's :class:`~flair_nbddp.RunResult` (None before any ended)."""
         ended = [record.result for record in self.runs if record.result is not None]
@@ -529,6 +542,32 @@ class TrainingPanel:
             if self.active:
                 raise RunActiveError("this panel's run is still active: Stop it, or wait for it to end")
             return self._start()
+        except Exception as error:
+            self._show_problem(describe_problem(error))
+            raise
+
+    def resume(self) -> Run:
+        """What Resume does: continue this panel's last run, stopped or failed, from its last full checkpoint (a stop
+        writes one where it stopped), with that run's values (the form shows them again) and devices; returns at
+        once. The run trains what the uninterrupted run would have (:func:`flair_nbddp.launch`'s ``resume=``).
+
+        Raises:
+            RunActiveError: a run is active.
+            ResumeError: the last run finished or wrote no checkpoint, or it cannot be continued (the function's
+                source or the corpus changed; the message says which). Each is also shown in the panel.
+        """
+        try:
+            if self.active:
+                raise RunActiveError("this panel's run is still active: Stop it, or wait for it to end")
+            earlier = self.resumable
+            if earlier is None:
+                raise ResumeError(
+                    "this panel's last run did not stop or fail after a full checkpoint, so there is nothing to "
+                    "resume: Train starts a run (launch(..., resume=ID) continues a run of the ledger's table)"
+                )
+            for name, value in earlier.params.items():
+                self.controls[name].value = value
+            return self._start(earlier)
         except Exception as error:
             self._show_problem(describe_problem(error))
             raise
@@ -621,36 +660,59 @@ class TrainingPanel:
         except Exception:  # a click has no cell to raise into: train() showed it in the panel
             pass
 
-    def _start(self) -> Run:
+    def _on_resume_click(self, _: Any) -> None:
+        try:
+            self.resume()
+        except Exception:  # a click has no cell to raise into: resume() showed it in the panel
+            pass
+
+    def _start(self, earlier: PanelRun | None = None) -> Run:
+        """Start a run with the form's values, or continue ``earlier`` from its last checkpoint on its devices."""
         chosen, pool = self.values, current_pool()
         self._sync_devices()
         device, processes = self.devices.value
+        resume = None
+        if earlier is not None:
+            resume = earlier.result
+            device, processes = resume.device_type, resume.world_size
         args = () if self.corpus is None else (self._corpus_for(pool),)
         run = start(
             self.fn, args, {**self.fixed, **chosen}, options=self.options, device=device, processes=processes,
-            pool=pool, provenance=Provenance("panel"),
+            pool=pool, provenance=Provenance("panel"), resume=resume,
         )  # fmt: skip
         self.run, self._done = run, threading.Event()
         record = PanelRun(len(self.runs) + 1, chosen, str(run.plan), record_id=run.record_id)
         self.runs.append(record)
-        self.dashboard = dashboard = Dashboard(run)
-        self.dashboard_box.children = (dashboard.widget,)
         self._show_problem(NO_PROBLEM)
         self._lock(True)
         self.history.value = self.history_html()
         self.status.value = panel_status_html("starting", f"run {record.number}")
-        dashboard.follow(on_redraw=lambda snapshot: self._show_progress(record, snapshot))
+        if isinstance(run, RestartingRun):  # each new attempt gets the dashboard
+            run.on_attempt = lambda attempt, line: self._follow(attempt, record, line)
+        self._follow(run.current if isinstance(run, RestartingRun) else run, record)
         watcher = threading.Thread(
-            target=self._watch, args=(run, record, dashboard, self._done), name="flair_nbddp-panel", daemon=True
+            target=self._watch, args=(run, record, self._done), name="flair_nbddp-panel", daemon=True
         )
         watcher.start()
         return run
 
-    def _watch(self, run: Run, record: PanelRun, dashboard: Dashboard, done: threading.Event) -> None:
-        """The background thread of one run: wait for it, then record its end and unlock the form."""
+    def _follow(self, attempt: Run, record: PanelRun, restarted: str = "") -> None:
+        """Show ``attempt`` of ``record``'s run in a new dashboard (after a restart: ``restarted`` says why)."""
+        if restarted and self.dashboard is not None:
+            self.dashboard.finish(None)  # the failed attempt's: its updater ends
+        self.dashboard = dashboard = Dashboard(attempt)
+        self.dashboard_box.children = (dashboard.widget,)
+        if restarted:
+            record.restarts.append(restarted)
+            self.status.value = panel_status_html("starting", f"run {record.number} · {restarted}")
+        dashboard.follow(on_redraw=lambda snapshot: self._show_progress(record, snapshot))
+
+    def _watch(self, run: Run | RestartingRun, record: PanelRun, done: threading.Event) -> None:
+        """The background thread of one run: wait for it (each attempt, with restarts), then record its end and
+        unlock the form."""
         try:
             result = run.wait()
-            dashboard.finish(result, result.error)
+            self.dashboard.finish(result, result.error)
             record.status, record.elapsed, record.scores = result.status, result.elapsed, result.scores
             record.result, record.error = result, result.error
             self.status.value = panel_status_html(result.status, outcome_text(record))
@@ -671,6 +733,8 @@ class TrainingPanel:
         """The status line of a running run, redrawn with its dashboard."""
         if snapshot.ended_at is None:
             detail = "stopping after this batch" if snapshot.stop_requested else progress_text(snapshot)
+            if record.restarts:
+                detail = f"restart {len(record.restarts)} · {detail}"
             self.status.value = panel_status_html(snapshot.status, f"run {record.number} · {detail}")
 
     # -- showing ----------------------------------------------------------------------------------
@@ -680,6 +744,7 @@ class TrainingPanel:
             control.disabled = locked
         self.train_button.disabled = locked
         self.stop_button.disabled = not locked
+        self.resume_button.disabled = locked or self.resumable is None
         if not locked:
             self._sync_devices()
         self.devices.disabled = locked or current_pool() is not None
