@@ -16,6 +16,9 @@ For 2 and 4 ranks:
   run after the same batch on every rank; the report gives its status, the model flair saved, the full checkpoints,
   each rank's GPU memory as the dashboard showed it, and any worker process or GPU context left afterwards.
 
+``--rounding-on-cpu`` runs, instead, the dropout-free jobs on 2 CPU ranks with 1 and with 2 threads per rank:
+how far a change in the order of float sums alone carries each job over 4 epochs, with no GPU in the comparison.
+
 Prints one JSON line.
 """
 
@@ -192,6 +195,25 @@ def rehearse(processes: int, model_path: str, workdir: str) -> dict:
     }
 
 
+def rounding_on_cpu(model_path: str, workdir: str) -> dict:
+    """How far rounding alone carries each job: the dropout-free jobs on 2 CPU ranks with 1 thread each and with
+    2 (torch sums in another order), every figure's largest difference, no GPU involved."""
+    import flair_nbddp
+    from parity_jobs import KINDS, SEED, build_corpus
+
+    corpora = {kind: build_corpus(kind) for kind in KINDS}
+    runs, given = {}, os.environ.get("OMP_NUM_THREADS")
+    for threads in ("1", "2"):
+        os.environ["OMP_NUM_THREADS"] = threads  # each rank's, as the kit passes the environment on
+        runs[threads] = flair_nbddp.launch(every_kind, (corpora, model_path, f"{workdir}/threads-{threads}", False),
+                                           device="cpu", processes=2, seed=SEED, dashboard=False).value  # fmt: skip
+    if given is None:
+        del os.environ["OMP_NUM_THREADS"]
+    else:
+        os.environ["OMP_NUM_THREADS"] = given
+    return largest_differences(runs["2"], runs["1"])
+
+
 def _running(pid: int) -> bool:
     import psutil
 
@@ -204,6 +226,8 @@ def _running(pid: int) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, nargs="+", default=list(RANKS))
+    parser.add_argument("--rounding-on-cpu", action="store_true",
+                        help="only compare 1 and 2 threads per CPU rank without dropout (no GPU needed)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -214,7 +238,10 @@ def main() -> None:
     workdir = tempfile.mkdtemp(prefix="shared-gpus-")
     model = str(tiny_transformer(Path(workdir, "model")))
     started = time.monotonic()
-    report = {str(n): rehearse(n, model, workdir) for n in args.ranks}
+    if args.rounding_on_cpu:
+        report = {"threads_2_vs_1_without_dropout": rounding_on_cpu(model, workdir)}
+    else:
+        report = {str(n): rehearse(n, model, workdir) for n in args.ranks}
     report["seconds"] = round(time.monotonic() - started, 1)
     report["versions"] = versions()
     print(json.dumps(report))
