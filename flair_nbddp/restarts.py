@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -77,16 +78,16 @@ class Restarts:
             result.attempts = [*self.attempts, Attempt(result.record_id, result.status, None, self._resumed_from_epoch)]
         return result
 
-    def source(self, pool: WorkerSource | None) -> WorkerSource:
+    def source(self, pool: WorkerSource | None, give_up: Callable[[], bool] = lambda: False) -> WorkerSource:
         """Where the next attempt's ranks come from: as the first attempt's; on a Dask cluster, after a failure,
         the workers still there or new ones that join within ``restart_timeout`` seconds (a lost node leaves too
-        few at first)."""
+        few at first), unless ``give_up()`` says the run was stopped meanwhile."""
         deadline, waiting = time.monotonic() + self.options.restart_timeout, False
         while True:
             try:
                 return source_for(self.options, pool)
             except ClusterError as error:
-                if not self.attempts or self.options.cluster is None or time.monotonic() >= deadline:
+                if not self.attempts or self.options.cluster is None or time.monotonic() >= deadline or give_up():
                     raise
                 if not waiting:
                     print(f"flair_nbddp: waiting up to {self.options.restart_timeout:g} s for Dask workers to take "
@@ -114,13 +115,15 @@ class RestartingRun:
         self.current = self._attempt()  # its source checked: impossible devices raise here, as for a Run
         self.on_attempt: Callable[[Run, str], None] | None = None
         self._ending = False  # a stop or kill: no attempt after this one
+        self._killing = False  # a kill: an attempt that starts meanwhile is ended at once
         self._done = threading.Event()
         self._result: RunResult | None = None
 
     def _attempt(self) -> Run:
         fn, args, kwargs = self._call
-        return Run(fn, args, kwargs, self.restarts.source(self._pool), self.restarts.options,
-                   provenance=self._provenance, chunk_size=self.restarts.chunk_size)  # fmt: skip
+        source = self.restarts.source(self._pool, give_up=lambda: self._ending)
+        return Run(fn, args, kwargs, source, self.restarts.options, provenance=self._provenance,
+                   chunk_size=self.restarts.chunk_size)  # fmt: skip
 
     # -- as a Run ---------------------------------------------------------------------------------
     @property
@@ -148,6 +151,10 @@ class RestartingRun:
         return self.current.ledger_problem
 
     @property
+    def stop_notice(self) -> str:
+        return self.current.stop_notice
+
+    @property
     def active(self) -> bool:
         """True from ``start()`` until the last attempt has ended and its result is kept."""
         return not self._done.is_set()
@@ -165,7 +172,7 @@ class RestartingRun:
 
     def kill(self) -> RunResult:
         """End the current attempt's workers now; no attempt follows."""
-        self._ending = True
+        self._ending = self._killing = True
         self.current.kill()
         self._done.wait()
         return self._result
@@ -177,29 +184,42 @@ class RestartingRun:
 
     # -- the watching thread -----------------------------------------------------------------------
     def _watch(self) -> None:
-        run = self.current
+        run, result = self.current, None
         try:
             while True:
                 result = run.wait()
                 line = None
                 if not self._ending and self.restarts.restartable(result.error):
                     line = self.restarts.after(result.error, result)
-                if line is None:
+                if line is None or self._ending:
                     break
                 print(f"flair_nbddp: {line}", flush=True)
                 try:
                     run = self._attempt().start()
                 except Exception as error:  # noqa: BLE001 - the next attempt could not start: the run ends failed
-                    result.error = error
+                    result.error, result.attempts = error, self.restarts.attempts
                     break
                 self.current = run
-                if self._ending:  # stopped while the attempt started
+                if self._killing:  # ended, or stopped, while the attempt started
+                    run.kill()
+                elif self._ending:
                     run.stop()
-                if self.on_attempt is not None:
-                    self.on_attempt(run, line)
+                self._show(run, line)
             self._result = self.restarts.finished(result)
+        except Exception as error:  # noqa: BLE001 - a waiter must get a result, whatever went wrong here
+            self._result = result if result is not None else run.kill()
+            self._result.error = self._result.error or error
         finally:
             self._done.set()
+
+    def _show(self, run: Run, line: str) -> None:
+        """Tell ``on_attempt`` of the new attempt; a failure of its own does not end the run."""
+        if self.on_attempt is None:
+            return
+        try:
+            self.on_attempt(run, line)
+        except Exception as error:  # noqa: BLE001 - e.g. a widget that could not be drawn
+            warnings.warn(f"flair_nbddp: the new attempt could not be shown ({error!r}); it runs", stacklevel=1)
 
 
 def _halved_chunk(error: BaseException) -> int | None:

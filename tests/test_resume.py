@@ -28,7 +28,7 @@ def whole(warm_pool, tiny_model_path, tmp_path_factory):
 
 
 @pytest.mark.process
-def test_a_failed_run_resumed_from_its_last_checkpoint_ends_as_the_uninterrupted_run(whole, tiny_model_path,
+def test_a_failed_run_resumed_from_its_last_checkpoint_ends_as_the_uninterrupted_run(whole, warm_pool, tiny_model_path,
                                                                                      tmp_path, capsys):  # fmt: skip
     corpus = sentiment_corpus(**CORPUS)
     marker = tmp_path / "fail"
@@ -39,11 +39,11 @@ def test_a_failed_run_resumed_from_its_last_checkpoint_ends_as_the_uninterrupted
 
     marker.touch()
     with pytest.raises(WorkerError, match="rank 1 failed in epoch 3"):
-        run("interrupted", processes=2, device="cpu")
+        run("interrupted", pool=warm_pool)
     failed = flair_nbddp.history(limit=1)[0]
     assert failed.status == "failed" and [c["epoch"] for c in failed.checkpoints] == [1, 2]
 
-    resumed = run("interrupted", processes=2, device="cpu", resume=failed)
+    resumed = run("interrupted", pool=warm_pool, resume=failed)  # on the workers the pool put in place
     # epochs 1 and 2 in the failed run's record, 3 and 4 in the resumed run's: the uninterrupted curves
     for name in CURVES:
         assert failed.history(name) + resumed.history(name) == whole.history(name), name
@@ -180,7 +180,7 @@ def test_a_ledger_an_earlier_version_wrote_gets_the_new_columns(tmp_path):
 
 @pytest.mark.process
 def test_a_rank_killed_in_epoch_3_is_restarted_from_its_last_checkpoint_and_the_run_ends_as_the_uninterrupted_one(
-    whole, tiny_model_path, tmp_path, capsys
+    whole, warm_pool, tiny_model_path, tmp_path, capsys
 ):
     corpus = sentiment_corpus(**CORPUS)
     marker = tmp_path / "kill"
@@ -189,8 +189,8 @@ def test_a_rank_killed_in_epoch_3_is_restarted_from_its_last_checkpoint_and_the_
         return (corpus, tiny_model_path, str(tmp_path / name), str(marker), "kill")
 
     marker.touch()  # 4 batches an epoch: checkpoints every 3 steps, the last before the kill 1 batch into epoch 3
-    result = launch(fine_tune_failing_once, args("restarted"), processes=2, device="cpu", seed=11, dashboard=False,
-                    max_restarts=1, checkpoint_every=3)  # fmt: skip
+    result = warm_pool.launch(fine_tune_failing_once, args("restarted"), seed=11, dashboard=False, max_restarts=1,
+                              checkpoint_every=3)  # fmt: skip
     assert result.status == "finished"
     first, last = result.attempts
     assert isinstance(first.error, WorkerError) and first.error.exit_code == -9 and first.status == "failed"
@@ -203,7 +203,9 @@ def test_a_rank_killed_in_epoch_3_is_restarted_from_its_last_checkpoint_and_the_
     for name in CURVES:  # the attempts together: the uninterrupted run's curves, bit for bit
         assert failed.history(name) + result.history(name) == whole.history(name), name
     assert result.value["test_score"] == whole.value["test_score"]
-    assert not [rank.pid for rank in result.ranks + first.error.result.ranks if psutil.pid_exists(rank.pid)]
+    # the failed attempt's workers are gone (the pool replaced them), and the restart ran on the new ones
+    assert not [rank.pid for rank in first.error.result.ranks if psutil.pid_exists(rank.pid)]
+    assert {rank.pid for rank in result.ranks}.isdisjoint(rank.pid for rank in first.error.result.ranks)
 
 
 @pytest.mark.process
@@ -236,18 +238,23 @@ def test_out_of_memory_with_halve_chunk_restarts_with_half_the_chunk_until_it_fi
 
 
 @pytest.mark.process
-def test_the_panel_and_start_restart_a_run_whose_rank_failed_from_its_last_checkpoint(whole, tiny_model_path, tmp_path):
+def test_the_panel_and_start_restart_a_run_whose_rank_failed_from_its_last_checkpoint(whole, warm_pool, tiny_model_path,
+                                                                                     tmp_path):  # fmt: skip
     from flair_nbddp.notebook.panel import TrainingPanel
+    from flair_nbddp.pool import set_current_pool
     from flair_nbddp.restarts import RestartingRun
 
     marker = tmp_path / "fail"
     marker.touch()
     fixed = {"model_path": tiny_model_path, "base_path": str(tmp_path / "panel"), "marker": str(marker)}
-    panel = TrainingPanel(fine_tune_failing_once, sentiment_corpus(**CORPUS), fixed=fixed, seed=11, max_restarts=1,
-                          device="cpu", processes=2)  # fmt: skip
-    run = panel.train()  # through start(), which returns a run that restarts itself
-    first = run.current
-    result = panel.wait(timeout=180)
+    panel = TrainingPanel(fine_tune_failing_once, sentiment_corpus(**CORPUS), fixed=fixed, seed=11, max_restarts=1)
+    set_current_pool(warm_pool)  # as after '%ddp_pool start': the panel runs on it
+    try:
+        run = panel.train()  # through start(), which returns a run that restarts itself
+        first = run.current
+        result = panel.wait(timeout=180)
+    finally:
+        set_current_pool(None)
     assert isinstance(run, RestartingRun) and run.current is not first and not first.active
     assert result.status == "finished" and [attempt.status for attempt in result.attempts] == ["failed", "finished"]
     assert result.attempts[1].resumed_from_epoch == 2 and result.value["test_score"] == whole.value["test_score"]

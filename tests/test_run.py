@@ -1,5 +1,6 @@
 """A Run on a worker source of the test's own (no processes): the protocol, the defects it had, its limits."""
 
+import _thread
 import socket
 import threading
 import time
@@ -142,11 +143,12 @@ def test_a_run_started_with_restarts_starts_again_when_a_rank_fails_and_lists_it
     assert "rank 1 failed (RuntimeError); restart 1 of 1 from the start" in capsys.readouterr().out
 
 
-def test_a_stopped_run_is_not_started_again(source):
+def test_an_interrupted_run_with_restarts_stops_and_is_not_started_again(source, capsys):
     run = RestartingRun(double, (21,), {}, RunOptions(max_restarts=3, stop_timeout=0.5), source, None).start()
-    run.stop()  # its ranks never answer: ended after stop_timeout, and no attempt follows
-    result = run.wait(timeout=10)
-    assert result.status in ("stopped", "failed") and len(source.jobs) == 1 and not result.attempts
+    threading.Timer(0.2, _thread.interrupt_main).start()  # the kernel's Interrupt while the cell waits
+    result = run.wait(timeout=10)  # the ranks never answer the stop: ended after stop_timeout, no attempt follows
+    assert "stopping after the current batch on every rank" in capsys.readouterr().out
+    assert run.state.stop_requested and len(source.jobs) == 1 and not result.attempts and not run.active
 
 
 def test_several_threads_waiting_for_one_run_get_the_same_result(source):

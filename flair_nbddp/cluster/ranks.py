@@ -218,9 +218,12 @@ class ClusterGroup:
         """Keep what rank 0 shipped ahead of ``event`` on this machine, and name it in the event: its result where the
         job says, its checkpoint in the run's directory (whole or not at all, replacing the one before), so that a
         restart or a later resume finds it when the node that wrote it is gone."""
-        future = self._shipped.popleft()
-        data = future.result()
-        future.release()
+        try:
+            future = self._shipped.popleft()
+            data = future.result()
+            future.release()
+        except Exception:  # noqa: BLE001 - the bytes went with the node: the event names the node's file, which a
+            return event  # resume refuses naming the node, and a result that cannot be read fails the run, saying so
         if job is None:
             return event
         if isinstance(event, ResultReady):

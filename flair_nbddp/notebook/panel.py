@@ -548,7 +548,7 @@ class TrainingPanel:
 
     def resume(self) -> Run:
         """What Resume does: continue this panel's last run, stopped or failed, from its last full checkpoint (a stop
-        writes one where it stopped), with that run's values (the form shows them again) and devices; returns at
+        writes one where it stopped, or, at an epoch's last batch, the epoch before stands), with that run's values (the form shows them again) and devices; returns at
         once. The run trains what the uninterrupted run would have (:func:`flair_nbddp.launch`'s ``resume=``).
 
         Raises:

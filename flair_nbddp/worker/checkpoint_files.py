@@ -55,13 +55,14 @@ def write(path: Path, checkpoint: dict[str, Any]) -> str:
 def write_bytes(path: Path, data: bytes) -> str:
     """Write a checkpoint's ``data`` to ``path`` whole or not at all (the previous file stays until the new one is
     complete); its sha256."""
+    sha256 = hashlib.sha256(data).hexdigest()  # before the rename: the file and its record follow each other at once
     partial = path.with_name(f".{path.name}.partial")
     with open(partial, "wb") as file:
         file.write(data)
         file.flush()
         os.fsync(file.fileno())
     os.replace(partial, path)
-    return hashlib.sha256(data).hexdigest()
+    return sha256
 
 
 def read(path: Path, sha256: str | None = None) -> dict[str, Any]:

@@ -7,7 +7,7 @@ schedulers' ``state_dict``: a linear schedule with warm-up, annealing on plateau
 epoch, flair's step count and the best dev score so far. It writes one inside an epoch too, when the notebook
 stops the training and, with ``checkpoint_every``, every N steps: then with where each rank is in the epoch (the
 batches trained, its generators as the epoch began) and what flair's loop has summed so far in its own local
-variables (the epoch's train loss and samples, its step count). The file is written beside its final name,
+variables (the epoch's train loss and samples). The file is written beside its final name,
 flushed to disk and renamed over the previous one, so ``checkpoint.pt`` is always a whole checkpoint (never a torn
 one) and the previous stays until the new one is complete; its sha256 goes to the notebook with its position.
 
@@ -16,7 +16,9 @@ own ``epoch=`` argument), and as its first epoch begins (flair's optimizer and e
 nothing drawn since) every rank loads the saved states into them and its own generators, so the epoch draws what
 it would have drawn. From inside an epoch, the generators are those the epoch began with (its data loader draws
 the same order), the epoch's loader leaves out the batches trained before the checkpoint, and as the first batch
-after them begins each rank takes the checkpoint's generators and flair's loop its sums back. flair decides "best
+after them begins each rank takes the checkpoint's generators and flair's loop its sums back. As the first batch
+of a resumed training begins, flair's step count (``batch_count``, the step of its per-batch metrics) goes on from
+the checkpoint's. flair decides "best
 so far" from 0 again in a resumed training; the plugin keeps the checkpoint's best and lets flair overwrite
 ``best-model.pt`` only with a better model, as the uninterrupted training would have.
 
@@ -66,7 +68,8 @@ class Checkpointing(TrainerPlugin):
         self._path, self._rank, self._gather, self._saved = Path(path), rank, gather, saved
         self._checkpoint, self._restored = resume, False
         self._stopping, self._every = stopping, every
-        self._position: dict[str, Any] | None = None  # a mid-epoch checkpoint's, until its epoch's first batch
+        self._first_batch = False  # restored, the first batch after the checkpoint is still to begin
+        self._position: dict[str, Any] | None = None  # a mid-epoch checkpoint's, until that batch
         self._steps = 0  # flair's optimizer steps so far
         self._epoch = 0  # the epoch being trained
         self._batches = 0  # its batches trained so far
@@ -115,17 +118,19 @@ class Checkpointing(TrainerPlugin):
 
     @TrainerPlugin.hook
     def before_training_batch(self, **_: Any) -> None:
-        if self._position is not None:  # the first batch after a mid-epoch checkpoint's: go on from there
-            position, self._position = self._position, None
-            self._put_flairs_loader_back()
-            set_generators(position["generators"])
-            self._batches = position["batches"]
-            values = {name: position[name] for name in _LOOP_LOCALS}
-            values["batch_count"] += 1  # flair counted the batch now beginning already
+        if self._first_batch:  # the first batch after the checkpoint: flair's loop goes on from there
+            self._first_batch = False
+            values = {"batch_count": self.step_offset + 1}  # its step count (it counted this batch already)
+            if self._position is not None:  # inside an epoch: its sums, and the generators of that moment
+                position, self._position = self._position, None
+                self._put_flairs_loader_back()
+                set_generators(position["generators"])
+                self._batches = position["batches"]
+                values.update({name: position[name] for name in _LOOP_SUMS})
             _set_locals(_training_frame(), values)
         if self._due:  # every plugin has finished with the last batch (a scheduler's step included)
             self._due = False
-            self._write_position(begun=1)
+            self._write_position()
 
     @TrainerPlugin.hook
     def after_training_batch(self, batch_no: int, total_number_of_batches: int, **_: Any) -> None:
@@ -166,12 +171,10 @@ class Checkpointing(TrainerPlugin):
         if self._loader is not None:
             trainer_module.DataLoader, self._loader = self._loader, None
 
-    def _write_position(self, begun: int = 0) -> None:
-        """A checkpoint inside the epoch, with what flair's loop has summed so far (``begun``: batches it has
-        counted that are not trained yet)."""
-        loop = {name: _training_frame().f_locals[name] for name in _LOOP_LOCALS}
-        loop["batch_count"] -= begun
-        self._write(self._epoch - 1, {"batches": self._batches, "epoch_generators": self._epoch_generators, **loop})
+    def _write_position(self) -> None:
+        """A checkpoint inside the epoch, with what flair's loop has summed so far."""
+        sums = {name: _training_frame().f_locals[name] for name in _LOOP_SUMS}
+        self._write(self._epoch - 1, {"batches": self._batches, "epoch_generators": self._epoch_generators, **sums})
 
     def _write(self, epoch: int, position: dict[str, Any] | None = None) -> None:
         """Write the checkpoint of the end of ``epoch``, or of ``position`` in the epoch after it."""
@@ -182,6 +185,7 @@ class Checkpointing(TrainerPlugin):
         ranks = self._gather({"generators": generators(), "position": position})
         if self._rank != 0:
             return
+        self.finish_writing()  # the previous file written before this one's copies are made (one extra copy at most)
         checkpoint = _snapshot({
             "format": FORMAT,
             "epoch": epoch,
@@ -194,7 +198,6 @@ class Checkpointing(TrainerPlugin):
             "generators": [rank["generators"] for rank in ranks],
             "positions": [rank["position"] for rank in ranks] if position else None,
         })  # fmt: skip
-        self.finish_writing()
         self._writer = threading.Thread(target=self._write_file, args=(epoch, batch, checkpoint), daemon=True,
                                         name="flair_nbddp-checkpoint")  # fmt: skip
         self._writer.start()
@@ -229,6 +232,7 @@ class Checkpointing(TrainerPlugin):
                 else:
                     setattr(plugin, attribute, value)
         self._best = checkpoint["best"]
+        self._first_batch = True
         generators_here = checkpoint["generators"][self._rank]
         if not checkpoint.get("positions"):
             set_generators(generators_here)
@@ -254,8 +258,8 @@ class Checkpointing(TrainerPlugin):
         return states
 
 
-_LOOP_LOCALS = ("epoch_train_loss", "epoch_train_samples", "total_train_samples", "batch_count")
-# what flair's train_custom sums in its loop's own variables: an epoch's train loss, flair's step count
+_LOOP_SUMS = ("epoch_train_loss", "epoch_train_samples", "total_train_samples")
+# what flair's train_custom sums in its loop's own variables (an epoch's train loss); its step count is `batch_count`
 
 
 def _training_frame() -> Any:
