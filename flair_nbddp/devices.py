@@ -261,8 +261,7 @@ def resolve_devices(
             raise DeviceError(f"device={device!r} is not supported: use 'cuda', 'cpu' or None (automatic).")
     if gpus is not None:
         chosen = _check_gpus(gpus, device, processes, share_gpus)
-        processes = processes or len(chosen)
-        return DevicePlan("cuda", processes, "gloo" if processes > len(chosen) else "nccl", chosen)
+        return cuda_plan(processes or len(chosen), len(chosen), chosen)
     device = device or env_device()
     if processes is None:
         processes = env_processes()
@@ -289,17 +288,17 @@ def resolve_devices(
     return DevicePlan("cpu", processes or DEFAULT_CPU_PROCESSES, "gloo")
 
 
-def cuda_plan(processes: int, visible: int) -> DevicePlan:
-    """``processes`` CUDA ranks where ``visible`` GPUs are: one on each of the first ones over NCCL, or, with more
-    ranks than GPUs, sharing them all over gloo.
+def cuda_plan(processes: int, visible: int, chosen: tuple[int, ...] | None = None) -> DevicePlan:
+    """``processes`` CUDA ranks on the ``chosen`` GPUs (None: the ``visible`` ones): one on each of the first over
+    NCCL, or, with more ranks than GPUs, sharing them all over gloo.
 
     Example:
-        >>> str(cuda_plan(2, 4)), str(cuda_plan(4, 2))
-        ('2 × cuda (nccl)', '4 × cuda sharing GPUs 0,1 (gloo)')
+        >>> str(cuda_plan(2, 4)), str(cuda_plan(4, 2)), str(cuda_plan(3, 1, (2,)))
+        ('2 × cuda (nccl)', '4 × cuda sharing GPUs 0,1 (gloo)', '3 × cuda sharing GPU 2 (gloo)')
     """
     if processes > visible:
-        return DevicePlan("cuda", processes, "gloo", tuple(range(visible)))
-    return DevicePlan("cuda", processes, "nccl")
+        return DevicePlan("cuda", processes, "gloo", chosen or tuple(range(visible)))
+    return DevicePlan("cuda", processes, "nccl", chosen)
 
 
 def rendezvous_socket(host: str = "127.0.0.1") -> socket.socket:

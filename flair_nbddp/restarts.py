@@ -35,6 +35,7 @@ from .run import Run, wait_for_end
 from .worker_source import WorkerSource, source_for
 
 RESTART_POLL_SECONDS = 1.0  # how often a restart on a cluster looks for enough Dask workers
+RESTARTABLE = (WorkerError, RunHangError)  # what another attempt may get past: a rank failed, died or was lost; a hang
 
 
 class Restarts:
@@ -48,11 +49,6 @@ class Restarts:
         self._restarts = 0
         self._resumed_from_epoch = 0
         self._where = "the start"
-
-    @staticmethod
-    def restartable(error: BaseException | None) -> bool:
-        """A failure another attempt may get past: a rank's error, death or loss, or a hang."""
-        return isinstance(error, (WorkerError, RunHangError))
 
     def after(self, error: WorkerError | RunHangError, failed: RunResult) -> str | None:
         """Record ``failed``, an attempt that ended with ``error``; the line saying how the run starts again, or
@@ -70,7 +66,8 @@ class Restarts:
             self.chunk_size = smaller
             return f"{_what_failed(error, failed)}; restarting from {self._where} with mini_batch_chunk_size={smaller}"
         self._restarts += 1
-        return f"{_what_failed(error, failed)}; restart {self._restarts} of {self.options.max_restarts} from {self._where}"
+        restart = f"restart {self._restarts} of {self.options.max_restarts}"
+        return f"{_what_failed(error, failed)}; {restart} from {self._where}"
 
     def finished(self, result: RunResult) -> RunResult:
         """``result``, the last attempt's, with every attempt listed (when there were several)."""
@@ -189,7 +186,7 @@ class RestartingRun:
             while True:
                 result = run.wait()
                 line = None
-                if not self._ending and self.restarts.restartable(result.error):
+                if not self._ending and isinstance(result.error, RESTARTABLE):
                     line = self.restarts.after(result.error, result)
                 if line is None or self._ending:
                     break

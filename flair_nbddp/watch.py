@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .errors import RunHangError, WorkerError
 from .ledger.provenance import Provenance
 from .options import RunOptions
-from .restarts import Restarts
+from .restarts import RESTARTABLE, Restarts
 from .result import RunResult
 from .run import Run
 from .worker_source import WorkerSource
@@ -56,7 +55,7 @@ def launch_and_watch(
                   chunk_size=restarts.chunk_size)  # fmt: skip
         try:
             result = watch(run, options.dashboard)
-        except (WorkerError, RunHangError) as error:
+        except RESTARTABLE as error:
             if error.result is None:  # it never started: nothing to restart
                 raise
             line = restarts.after(error, error.result)
