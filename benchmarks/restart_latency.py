@@ -10,6 +10,11 @@ from the death to: the failed attempt's end (every rank ended, the error known),
 loaded). Cold: new processes for each attempt; pool: a warm ``WorkerPool``, whose failed workers are replaced;
 cluster: a ``dask scheduler`` and 2 ``dask worker`` processes on 127.0.0.1 (``tests/dask_cluster.py``), the
 checkpoint coming up to the notebook and going down to each node again. Prints one JSON line.
+
+``--device cuda`` runs the cold and pool ways with CUDA ranks: one GPU each where there are 2 (NCCL), else the 2
+ranks sharing the GPU (``share_gpus=True``, gloo); the cluster way stays on CPU Dask workers.
+
+    python benchmarks/restart_latency.py --device cuda --modes cold pool --json results/gpu-restart-latency.json
 """
 
 from __future__ import annotations
@@ -93,6 +98,8 @@ def measure(mode: str, corpus, model_path: str, workdir: Path, **where) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="the ranks' device for the cold and pool ways (cuda: 2 ranks share one GPU if need be)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -106,12 +113,19 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="restart-latency-"))
     model = str(tiny_transformer(workdir / "model"))
     corpus = sentiment_corpus(n_train=64, n_dev=16, n_test=16, seed=4)
-    report: dict = {}
+    report: dict = {"device": args.device}
+    where: dict = {"device": args.device}
+    if args.device == "cuda":
+        import torch
+
+        where["share_gpus"] = torch.cuda.device_count() < 2
+        report["gpus"] = torch.cuda.device_count()
+        report["share_gpus"] = where["share_gpus"]
     for mode in args.modes:
         if mode == "cold":
-            report[mode] = measure(mode, corpus, model, workdir, processes=2, device="cpu")
+            report[mode] = measure(mode, corpus, model, workdir, processes=2, **where)
         elif mode == "pool":
-            with flair_nbddp.WorkerPool(2, "cpu") as pool:
+            with flair_nbddp.WorkerPool(2, **where) as pool:
                 pool.warm_up()
                 report[mode] = measure(mode, corpus, model, workdir, pool=pool)
         else:
