@@ -46,7 +46,8 @@ from .notebook.panel import TrainingPanel
 from .options import RunOptions
 from .pool import WorkerPool
 from .result import Attempt, Checkpoint, RunResult
-from .run import Run, runs
+from .run import Run, runs, wait_all
+from .sweeps import Sweep, sweep
 from .wire.pool_ref import PoolRef
 from .worker.ddp_exec import RankResult
 
@@ -83,6 +84,7 @@ __all__ = [
     "RunTimeoutError",
     "ShippingError",
     "StillRunningError",
+    "Sweep",
     "TrainingPanel",
     "UnknownOptionError",
     "UnsupportedPlatformError",
@@ -96,11 +98,13 @@ __all__ = [
     "load_ipython_extension",
     "runs",
     "start",
+    "sweep",
+    "wait_all",
 ]
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext flair_nbddp``: registers ``%%ddp_train``, ``%%ddp_exec``, ``%ddp_pool``, ``%ddp_info`` and
-    ``%ddp_runs``."""
+    """``%load_ext flair_nbddp``: registers ``%%ddp_train``, ``%%ddp_sweep``, ``%%ddp_exec``, ``%ddp_pool``,
+    ``%ddp_info`` and ``%ddp_runs``."""
     from .notebook.magic import DdpMagics
 
     ipython.register_magics(DdpMagics)

@@ -106,7 +106,7 @@ def launch(
             kit (the message says what it has).
         UnsupportedPlatformError: on Windows (the workers need POSIX).
         DashboardUnavailableError: ``dashboard=True`` outside a Jupyter kernel.
-        RunActiveError: another run of this kernel is still active.
+        RunActiveError: another active run of this kernel holds a device it needs (the message names that run).
         Each before any worker starts, except the first two. All derive from :class:`FlairNbddpError`.
 
     Example::

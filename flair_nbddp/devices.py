@@ -35,6 +35,11 @@ class DevicePlan:
         gpus: the GPUs chosen with ``gpus=`` (or, when ranks share them, every GPU they share), as torch numbers
             them in this process: rank r runs on ``gpus[r % len(gpus)]``; None: the first ``world_size`` GPUs
             torch sees.
+        cpu_share: on CPU, how many processes the cores are shared between (``OMP_NUM_THREADS`` of each is the
+            cores over it, or over the run's processes if more); None: the CPU's process slots (:func:`cpu_slots`),
+            so that runs side by side never oversubscribe the cores (threads spinning for cores made two one-process
+            runs side by side 30 times slower) and a run's arithmetic does not depend on what else runs. A pool lent
+            in slices shares them between all its workers.
 
     Example:
         >>> plan = DevicePlan("cuda", 4, "gloo", (0,))      # resolve_devices("cuda", 4, share_gpus=True), 1 GPU
@@ -46,6 +51,7 @@ class DevicePlan:
     world_size: int
     backend: str
     gpus: tuple[int, ...] | None = None
+    cpu_share: int | None = None
 
     def __str__(self) -> str:
         chosen = f" {','.join(map(str, self.gpus))}" if self.gpus is not None else ""
@@ -117,12 +123,11 @@ class DevicePlan:
         env["NCCL_SOCKET_IFNAME"] = os.environ.get("NCCL_SOCKET_IFNAME", loopback_interface())
         if self.gpus is not None:
             # a fresh process counts its GPUs from this, whatever torch in the kernel has counted already
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(_cuda_visible_entry(gpu) for gpu in self.gpus)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(cuda_visible_entry(gpu) for gpu in self.gpus)
         if self.device_type == "cpu":
-            # one process per core share: keep the ranks from oversubscribing the CPU
-            env["OMP_NUM_THREADS"] = os.environ.get(
-                "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.world_size))
-            )
+            # one process per core share: keep the ranks (and runs side by side) from oversubscribing the CPU
+            share = max(self.world_size, self.cpu_share or cpu_slots())
+            env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // share)))
         return env
 
 
@@ -161,7 +166,7 @@ def require_posix() -> None:
         )
 
 
-def _cuda_visible_entry(gpu: int) -> str:
+def cuda_visible_entry(gpu: int) -> str:
     """The ``CUDA_VISIBLE_DEVICES`` entry of what torch in this process calls GPU ``gpu``."""
     inherited = [entry.strip() for entry in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
     return inherited[gpu] if gpu < len(inherited) else str(gpu)
@@ -187,6 +192,18 @@ def env_device() -> str | None:
     if value and value not in DEVICE_TYPES:
         raise DeviceError(f"{DEVICE_ENV}={value!r} is not understood: set it to 'cpu' or 'cuda', or unset it.")
     return value or None
+
+
+def cpu_slots() -> int:
+    """How many CPU processes runs side by side may have at once, over every run of this kernel (a run of more
+    processes holds them all): ``$FLAIR_NBDDP_PROCESSES``, else 2. Each CPU process gets that share of the cores
+    (``OMP_NUM_THREADS``): a lone one-process run too (``FLAIR_NBDDP_PROCESSES=1`` gives it every core).
+
+    Example:
+        >>> cpu_slots()                                  # with FLAIR_NBDDP_PROCESSES unset
+        2
+    """
+    return env_processes() or DEFAULT_CPU_PROCESSES
 
 
 def env_processes() -> int | None:
@@ -241,7 +258,7 @@ def resolve_devices(
 
     Example:
         >>> resolve_devices("cpu", 2, share_gpus=True)     # on CPU: nothing to share
-        DevicePlan(device_type='cpu', world_size=2, backend='gloo', gpus=None)
+        DevicePlan(device_type='cpu', world_size=2, backend='gloo', gpus=None, cpu_share=None)
 
     Raises:
         DeviceError: (a ``ValueError``) for a device other than cpu/cuda, a non-positive process count, CUDA

@@ -85,7 +85,8 @@ class DashboardUnavailableError(FlairNbddpError, RuntimeError):
 
 # -- runs and pools in the wrong state ------------------------------------------------------------
 class RunActiveError(FlairNbddpError, RuntimeError):
-    """Another run of this kernel is still active: runs share the devices, so one runs at a time."""
+    """Another active run of this kernel holds a device the run asks for (a GPU, CPU process slots, a Dask worker): the
+    message names it. Runs on disjoint devices go side by side."""
 
 
 class RunStateError(FlairNbddpError, RuntimeError):

@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from dataclasses import replace
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
+from .claims import HOLDINGS, Claim
 from .devices import DevicePlan
-from .errors import ConfigurationError, PoolClosedError, RunActiveError
+from .errors import ConfigurationError, DeviceError, PoolClosedError, RunActiveError
+from .local_ranks import WorkerGroup
 from .ledger.provenance import Provenance
 from .options import RunOptions, documented
 from .result import RunResult
@@ -38,7 +41,7 @@ from .wire.events import Job
 from .wire.pool_ref import PoolRef
 from .worker import ddp_exec
 from .worker.ddp_exec import RankResult
-from .worker_source import RankGroup, new_workers, source_for
+from .worker_source import RankGroup, WorkerSource, new_workers, source_for
 
 _CURRENT: WorkerPool | None = None
 _EXEC_DECIDES = {  # run options exec() takes none of: it decides them
@@ -85,6 +88,10 @@ class WorkerPool:
             Each job's output goes to its own run directory.
         cluster: keep the ranks warm on a Dask cluster instead (a ``distributed.Client`` or a scheduler address),
             one per Dask worker, as :func:`~flair_nbddp.launch` places them.
+        job_processes: lend the workers in slices of this many, each with a process group of its own, so that
+            ``processes // job_processes`` jobs run on the pool at once (a sweep's trials:
+            :func:`~flair_nbddp.sweep`); on GPUs each slice has its GPUs (``WorkerPool(8, job_processes=2)``: GPUs
+            0,1 / 2,3 / ...; a job asking ``gpus=[2, 3]`` gets that slice). Default: every job takes every worker.
 
     Raises:
         DeviceError: impossible devices, GPUs or process counts.
@@ -95,6 +102,10 @@ class WorkerPool:
         >>> pool = WorkerPool(2, "cpu")          # no worker starts before the first job (or warm_up())
         >>> pool.status().split(";")[0]
         'WorkerPool: 2 × cpu (gloo), idle (workers start with the next job)'
+        >>> pool.close()
+        >>> pool = WorkerPool(2, "cpu", job_processes=1)   # two one-process jobs at once
+        >>> pool.status().split(";")[0]
+        'WorkerPool: 2 × cpu (gloo) lent as 2 slices of 1 × cpu (gloo), idle (workers start with the next job)'
         >>> pool.close()
     """
 
@@ -107,11 +118,23 @@ class WorkerPool:
         gpus: Sequence[int] | None = None,
         cluster: Any = None,
         share_gpus: bool = False,
+        job_processes: int | None = None,
     ) -> None:
         source = new_workers(processes, device, gpus, cluster, share_gpus)  # checks the devices, places the ranks
         self.plan: DevicePlan = source.plan
-        self._new_group, self.where = source.new_group, source.where
+        self.where = source.where
+        plans = slice_plans(self.plan, job_processes, sliceable=cluster is None)  # refused before anything is made
         self.home = RunDir.create(run_dir, prefix="pool-")
+        name = f"WorkerPool {self.home.path.name}"  # a pool's workers, or a slice's, serve one run at a time
+        if plans is None:
+            whole = replace(source.claim, cpu=0, units=source.claim.units | {name})
+            self._slices = [PoolSlice(self, 0, self.plan, source.new_group, whole)]
+        else:
+            self._slices = [
+                PoolSlice(self, index, plan, lambda home, plan=plan: WorkerGroup(plan, home),
+                          replace(Claim.of(plan), cpu=0, units=frozenset({f"slice {index} of {name}"})), f"slice-{index}")
+                for index, plan in enumerate(plans)
+            ]  # fmt: skip
         self.jobs_run = 0
         self.recycled = 0
         self.exec_names: set[str] = set()  # what every rank's exec namespace holds (a cell reads it there)
@@ -119,11 +142,8 @@ class WorkerPool:
         self.notes: list[str] = []  # what the pool did on its own (recycling), newest last
         self._refs: weakref.WeakValueDictionary[str, PoolRef] = weakref.WeakValueDictionary()  # what put() packed
         self.named: dict[str, PoolRef] = {}  # notebook variables put with '%ddp_pool put NAME'
-        self._unlink_later: list[Path] = []  # files of refs dropped since the last job started or ended
-        self._unlink_after_job: list[Path] = []  # files dropped before the current job started, which it may still
-        # read (a ref dropped while the job was packed): all of these go when the job ends
-        self._group: RankGroup | None = None  # this machine's worker processes, or the ranks on a cluster
-        self._needs_recycle: str | None = None
+        self._unlink_later: list[Path] = []  # files of refs dropped: they go once no job runs (one may read them)
+        self._running = 0  # jobs holding a slice now
         self._lock = threading.Lock()
         self._closed = False
 
@@ -133,11 +153,14 @@ class WorkerPool:
         return self.home.path
 
     # -- the worker source ------------------------------------------------------------------------
+    @property
+    def job_plan(self) -> DevicePlan:
+        """The devices of one job on the pool: the whole pool's, or one slice's (``job_processes``)."""
+        return self._slices[0].plan
+
     def prepare(self, run_dir: RunDir, preload: tuple[str, ...]) -> None:
         """Start the workers now if none are up (the pool's first job), so they start while the job is packed."""
-        with self._lock:
-            if self._group is None and not self._closed:
-                self._group = self._new_group(self.home).start(preload)
+        self._slices[0].prepare(run_dir, preload)
 
     def acquire(self, job: Job) -> RankGroup:
         """Hand ``job`` to every worker (starting or recycling them first) and return their group.
@@ -145,48 +168,56 @@ class WorkerPool:
         Raises:
             PoolClosedError: the pool was closed.
         """
-        with self._lock:
-            if self._closed:
-                raise PoolClosedError("this WorkerPool is closed: start a new one (WorkerPool(...) or %ddp_pool start)")
-            group, reason = self._group, self._needs_recycle
-            if group is not None and reason is None and not group.alive:
-                reason = f"worker(s) {sorted(group.dead_ranks())} had exited"
-            if group is not None and reason is not None:
-                group.close(grace=1.0)
-                self.recycled += 1
-                self._forget_namespaces()
-                lost = f", their %%ddp_exec namespaces empty ({', '.join(sorted(self._lost_names))} gone)"
-                self._note(f"recycled the pool's workers ({reason}); this job starts on fresh ones" + (
-                    lost if self._lost_names else ""))  # fmt: skip
-                self._lost_names = set()
-                self._group = None
-            self._needs_recycle = None
-            if self._group is None:
-                self._group = self._new_group(self.home).start()
-            job = dataclasses.replace(job, shared=tuple(ref.id for ref in self.refs))  # the copies to keep
-            self._unlink_after_job += self._unlink_later  # dropped before this job, which may still read them
-            self._unlink_later.clear()  # the same list: the finalizers of put() append to it
-            try:
-                self._group.submit(job)
-            except BaseException:  # some ranks may hold the job: these workers cannot take another
-                self._group.terminate()
-                self._needs_recycle = "a job could not be handed to every worker"
-                raise
-            self.jobs_run += 1
-            return self._group
+        return self._slices[0].acquire(job)
 
     def release(self, clean: bool, reason: str) -> None:
         """A job ended; an unclean end (failed, stopped) recycles the workers before the next job."""
-        with self._lock:
-            if not clean:
-                self._needs_recycle = f"the last job {reason}"
-                self._forget_namespaces()  # the workers are ended: their namespaces with them
-                if self._group is not None:
-                    self._group.terminate()
-            # the job is over, and the next cannot start before this returns: no job can read these any more
-            self._unlink([*self._unlink_after_job, *self._unlink_later])
-            self._unlink_after_job = []
-            self._unlink_later.clear()
+        self._slices[0].release(clean, reason)
+
+    @property
+    def claim(self) -> Claim:
+        """What a job on the pool's workers holds while it runs (:mod:`~flair_nbddp.claims`): those workers and
+        their GPUs (the pool's CPU processes exist already: they hold no CPU slot)."""
+        return self._slices[0].claim
+
+    def lease(self, processes: int | None, device: str | None, gpus: Sequence[int] | None) -> WorkerSource:
+        """Where a job asking for ``processes``/``device``/``gpus`` runs on this pool: the pool itself, or a slice no
+        run holds (with ``gpus``: the slice of those GPUs); when every slice that fits is held, the first, which the
+        run's start then refuses, naming the run that holds it.
+
+        Raises:
+            DeviceError: the pool's workers, or its slices, are not what the job asks for.
+        """
+        plan = self.job_plan
+        wanted_gpus = None if gpus is None or len(self._slices) == 1 else tuple(gpus)
+        mismatch = plan.mismatch(processes, device, None if wanted_gpus else gpus)
+        if mismatch:
+            shape = f"{len(self._slices)} slices of " if len(self._slices) > 1 else ""
+            raise DeviceError(
+                f"the warm pool runs {shape}{mismatch}: leave processes/device/gpus out to run on it, or run "
+                "without the pool (launch without pool=, or '%ddp_pool stop' in a notebook)"
+            )
+        if len(self._slices) == 1:
+            return self
+        fits = [part for part in self._slices if wanted_gpus is None or set(part.plan.gpus or ()) == set(wanted_gpus)]
+        if not fits:
+            have = " / ".join(",".join(map(str, part.plan.gpus or ())) for part in self._slices)
+            raise DeviceError(f"no slice of the pool has GPUs {','.join(map(str, wanted_gpus))}: its slices have {have}")
+        held = HOLDINGS.units_held()
+        return next((part for part in fits if not part.claim.units & held), fits[0])
+
+    def _job_began(self, job: Job) -> Job:
+        """A slice takes ``job``: with the copies of put objects its workers keep. Under the pool's lock."""
+        self._running += 1
+        self.jobs_run += 1
+        return dataclasses.replace(job, shared=tuple(ref.id for ref in self.refs))
+
+    def _job_ended(self, held: bool) -> None:
+        """A slice's job ended (``held``: it held the slice), or never reached its ranks. Under the pool's lock."""
+        self._running -= held
+        if self._running == 0:  # no job can read the files of dropped refs any more
+            self._unlink(self._unlink_later)
+            self._unlink_later.clear()  # the same list: the finalizers of put() append to it
 
     def _forget_namespaces(self) -> None:
         """The workers' exec namespaces are going: what they held is said at the recycle."""
@@ -258,7 +289,7 @@ class WorkerPool:
         Raises:
             ConfigurationError: a rank that the pool does not have.
             ShippingError: ``code`` or a variable cannot be sent to the workers (nothing ran).
-            RunActiveError: another run of this kernel is active.
+            RunActiveError: another run holds the pool's workers (the message names it).
             KeyboardInterrupt: interrupted, and not every rank returned within ``stop_timeout`` (every worker was
                 ended). On GPUs (NCCL) the workers are replaced after any interrupted cell, with a note: a
                 collective may be left queued on some ranks.
@@ -270,6 +301,11 @@ class WorkerPool:
             pool.exec("import torch; total = torch.tensor([rank])")
             [result.value for result in pool.exec("int(total)")]      # [0, 1]
         """
+        if len(self._slices) > 1:
+            raise ConfigurationError(
+                f"exec() runs code on every worker of one process group, and this pool is{self._lent_as()} (each its "
+                "own group): use a pool made without job_processes for %%ddp_exec"
+            )
         chosen = check_ranks(ranks, self.plan.world_size)
         options = RunOptions.of(run_options, options, where="exec(): ", not_here=_EXEC_DECIDES)
         options = RunOptions.of({"output": "all", "dashboard": False}, options)
@@ -302,13 +338,12 @@ class WorkerPool:
         Raises:
             RunActiveError: a run on this pool is still active (stop it first).
         """
-        if any(run.active and run.source is self for run in runs()):
+        if any(run.active and (run.source is self or run.source in self._slices) for run in runs()):
             raise RunActiveError("a run on this pool is still active: stop it (or wait for it) before restarting the pool")
         with self._lock:
-            self._needs_recycle = "it was restarted"
             self._forget_namespaces()
-            if self._group is not None:
-                self._group.terminate()
+            for part in self._slices:
+                part.recycle_before_next("it was restarted")
 
     def put(self, obj: Any) -> PoolRef:
         """Pack ``obj`` (a corpus, or any large argument) once for every later job on this pool.
@@ -367,8 +402,9 @@ class WorkerPool:
 
     @property
     def started(self) -> bool:
-        """True while the workers are up."""
-        return self._group is not None and self._group.alive and not self._closed
+        """True while the workers are up (every slice's that has started)."""
+        groups = [part.group for part in self._slices if part.group is not None]
+        return bool(groups) and all(group.alive for group in groups) and not self._closed
 
     @property
     def closed(self) -> bool:
@@ -378,19 +414,30 @@ class WorkerPool:
     @property
     def pids(self) -> list[int]:
         """The workers' process ids (empty before the first job or after ``close``)."""
-        return self._group.pids if self.started else []
+        return [pid for part in self._slices if part.group is not None for pid in part.group.pids] if self.started else []
 
     def status(self) -> str:
         """One line: size, device, whether the workers are up, jobs run, recycles."""
         state = "closed" if self._closed else "warm" if self.started else "idle (workers start with the next job)"
         return (
-            f"WorkerPool: {self.plan}{self.where}, {state}; "
+            f"WorkerPool: {self.plan}{self.where}{self._lent_as()}, {state}; "
             f"{self.jobs_run} job(s) run, {self.recycled} recycle(s); workers' logs {self.run_dir}"
         )
 
+    def _lent_as(self) -> str:
+        return f" lent as {len(self._slices)} slices of {self.job_plan}" if len(self._slices) > 1 else ""
+
     def warm_up(self) -> WorkerPool:
-        """Start the workers now and import flair in them, so the first real job starts warm."""
-        self.launch(_import_flair, dashboard=False)
+        """Start the workers now and import flair in them (every slice's at once), so the first real job starts warm.
+
+        Raises:
+            RunActiveError: a run holds some of the workers.
+            WorkerError: a worker could not start or import flair (the first such slice's error).
+        """
+        started = [Run(_import_flair, (), {}, part, provenance=Provenance("launch")).start() for part in self._slices]
+        errors = [result.error for result in (run.wait() for run in started) if result.error is not None]
+        if errors:
+            raise errors[0]
         return self
 
     def close(self) -> None:
@@ -398,15 +445,13 @@ class WorkerPool:
         global _CURRENT
         with self._lock:
             self._closed = True
-            if self._group is not None:
-                self._group.close()
-                self._group = None
+            for part in self._slices:
+                part.close()
             for ref in self.refs:
                 ref.released = True
                 self._unlink_later.append(ref.path)
-            self._unlink([*self._unlink_later, *self._unlink_after_job])
+            self._unlink(self._unlink_later)
             self._unlink_later.clear()
-            self._unlink_after_job = []
             self._refs, self.named = weakref.WeakValueDictionary(), {}
         if _CURRENT is self:
             _CURRENT = None
@@ -419,6 +464,121 @@ class WorkerPool:
 
     def __repr__(self) -> str:
         return f"<{self.status()}>"
+
+
+class PoolSlice:
+    """Some of a pool's workers with a process group of their own: the worker source of one job at a time.
+
+    A pool made without ``job_processes`` is one slice of every worker; with it, several. What a pool keeps for
+    its jobs (objects put, notes, counts) is the pool's; a slice has its workers and whether they are fresh.
+    """
+
+    def __init__(
+        self, pool: WorkerPool, index: int, plan: DevicePlan, new_group: Callable[[RunDir], RankGroup], claim: Claim,
+        name: str = "",
+    ) -> None:  # fmt: skip
+        self.pool, self.index, self.plan, self._new_group = pool, index, plan, new_group
+        self.claim = claim  # its workers (and GPUs): one job at a time
+        self.home = RunDir.create(pool.home.path / name) if name else pool.home  # its workers' start-up logs
+        self.group: RankGroup | None = None  # this machine's worker processes, or the ranks on a cluster
+        self.busy = False  # a job holds it
+        self._needs_recycle: str | None = None
+
+    def prepare(self, run_dir: RunDir, preload: tuple[str, ...]) -> None:
+        """Start the workers now if none are up (the slice's first job), so they start while the job is packed."""
+        with self.pool._lock:
+            if self.group is None and not self.pool.closed:
+                self.group = self._new_group(self.home).start(preload)
+
+    def acquire(self, job: Job) -> RankGroup:
+        """Hand ``job`` to every worker of the slice (starting or recycling them first) and return their group.
+
+        A second job cannot come before this one's release: both hold the slice's claim (:mod:`~flair_nbddp.claims`).
+
+        Raises:
+            PoolClosedError: the pool was closed.
+        """
+        pool = self.pool
+        with pool._lock:
+            if pool.closed:
+                raise PoolClosedError("this WorkerPool is closed: start a new one (WorkerPool(...) or %ddp_pool start)")
+            group, reason = self.group, self._needs_recycle
+            if group is not None and reason is None and not group.alive:
+                reason = f"worker(s) {sorted(group.dead_ranks())} had exited"
+            if group is not None and reason is not None:
+                group.close(grace=1.0)
+                pool.recycled += 1
+                pool._forget_namespaces()
+                lost = f", their %%ddp_exec namespaces empty ({', '.join(sorted(pool._lost_names))} gone)"
+                pool._note(f"recycled the pool's workers ({reason}); this job starts on fresh ones" + (
+                    lost if pool._lost_names else ""))  # fmt: skip
+                pool._lost_names = set()
+                self.group = None
+            self._needs_recycle = None
+            if self.group is None:
+                self.group = self._new_group(self.home).start()
+            job = pool._job_began(job)
+            self.busy = True
+            try:
+                self.group.submit(job)
+            except BaseException:  # some ranks may hold the job: these workers cannot take another
+                self.group.terminate()
+                self._needs_recycle = "a job could not be handed to every worker"
+                raise
+            return self.group
+
+    def release(self, clean: bool, reason: str) -> None:
+        """A job ended (or never reached the ranks); an unclean end (failed, stopped) recycles the workers before
+        the next job."""
+        with self.pool._lock:
+            if not clean:
+                self.pool._forget_namespaces()  # the workers are ended: their namespaces with them
+                self.recycle_before_next(f"the last job {reason}")
+            self.pool._job_ended(self.busy)
+            self.busy = False
+
+    def recycle_before_next(self, reason: str) -> None:
+        """End the workers now; the next job starts on fresh ones, and the pool says why. Under the pool's lock."""
+        self._needs_recycle = reason
+        if self.group is not None:
+            self.group.terminate()
+
+    def close(self) -> None:
+        """End the workers (they leave their process group and exit). Under the pool's lock."""
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+
+def slice_plans(plan: DevicePlan, job_processes: int | None, sliceable: bool = True) -> list[DevicePlan] | None:
+    """The plans of a pool's slices of ``job_processes`` workers each (None: one job takes every worker).
+
+    Example:
+        >>> [str(part) for part in slice_plans(DevicePlan("cuda", 4, "nccl"), 2)]
+        ['2 × cuda 0,1 (nccl)', '2 × cuda 2,3 (nccl)']
+        >>> slice_plans(DevicePlan("cpu", 2, "gloo"), 2) is None
+        True
+    """
+    if job_processes is None or job_processes == plan.world_size:
+        return None
+    if isinstance(job_processes, bool) or not isinstance(job_processes, int) or job_processes < 1:
+        raise ConfigurationError(f"job_processes={job_processes!r} must be a positive integer (or None: every worker)")
+    if plan.world_size % job_processes:
+        raise ConfigurationError(
+            f"job_processes={job_processes} does not divide the pool's {plan.world_size} workers into slices: use a "
+            f"divisor of {plan.world_size}"
+        )
+    if not sliceable or plan.shares_gpus:
+        what = "a Dask cluster's" if not sliceable else "workers sharing GPUs"
+        raise ConfigurationError(
+            f"job_processes= lends this machine's workers in slices, not {what}: leave it out (jobs take every "
+            "worker), or make a pool per slice"
+        )
+    if plan.device_type == "cpu":  # all the pool's workers exist at once: they share the cores
+        return [DevicePlan("cpu", job_processes, "gloo", cpu_share=plan.world_size)] * (plan.world_size // job_processes)
+    gpus = plan.gpus or tuple(range(plan.world_size))
+    return [DevicePlan("cuda", job_processes, plan.backend, gpus[start : start + job_processes])
+            for start in range(0, len(gpus), job_processes)]  # fmt: skip
 
 
 def _import_flair() -> None:

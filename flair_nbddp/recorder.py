@@ -33,7 +33,7 @@ BUSY_FLUSH_SECONDS = 0.2  # a flush waits this long for a busy file (once), then
 MAX_ERROR_CHARACTERS = 2000
 RANK_FIELDS = (
     "rank", "pid", "device", "step", "samples", "samples_per_second", "host_memory_bytes", "gpu_memory_bytes",
-    "gpu_utilization", "exit_code",
+    "gpu_utilization", "exit_code", "host", "worker",
 )  # fmt: skip
 
 
@@ -99,11 +99,11 @@ class RunRecorder:
         plan = run.plan
         return RunRecord(
             started_at=run.state.started_at, updated_at=time.time(), status="running",
-            name=run.name, origin=provenance.origin, workers=type(run.source).__name__,
+            name=run.name, origin=provenance.origin, workers=type(getattr(run.source, "pool", run.source)).__name__,
             source=source, source_hash=source_hash, params=params, options=options, seed=run.seed,
             world_size=plan.world_size, device_type=plan.device_type, backend=plan.backend, devices=str(plan),
             host=socket.gethostname(), owner=process_identity(), versions=package_versions(),
-            run_dir=str(run.run_dir),
+            run_dir=str(run.run_dir), trial=dict(provenance.trial),
         )  # fmt: skip
 
     def flush(self, state: RunState) -> None:

@@ -156,6 +156,11 @@ class RestartingRun:
         """True from ``start()`` until the last attempt has ended and its result is kept."""
         return not self._done.is_set()
 
+    @property
+    def ended(self) -> bool:
+        """True once the last attempt has ended and its result is kept."""
+        return self._done.is_set()
+
     def start(self) -> RestartingRun:
         """Start the first attempt and the thread that watches the attempts; returns at once."""
         self.current.start()

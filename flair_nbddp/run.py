@@ -22,13 +22,14 @@ import random
 import threading
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Callable
 
+from .claims import HOLDINGS, Claim
 from .devices import DevicePlan
 from .errors import (
     ConfigurationError,
     NotCallableError,
-    RunActiveError,
     RunStateError,
     ShippingError,
     StillRunningError,
@@ -150,6 +151,7 @@ class Run:
         self._supervisor: Supervisor | None = None
         self._result: RunResult | None = None
         self._released = False
+        self._claimed = False  # start() was called: the run holds its devices until released
         self._acquiring = False
         self._finishing = threading.Lock()
         self._recorder = RunRecorder(provenance, Ledger.default())
@@ -186,31 +188,36 @@ class Run:
         """True from ``start()`` until the run has ended, its ranks were given back and its result collected."""
         return self._supervisor is not None and self._result is None
 
+    @property
+    def ended(self) -> bool:
+        """True once the run has ended (``wait()`` then returns at once)."""
+        return self._supervisor is not None and self._supervisor.done.is_set()
+
     # -- starting ---------------------------------------------------------------------------------
     def start(self) -> Run:
         """Pack the call, hand it to the source's ranks and start watching them; returns at once.
 
         Raises:
             RunStateError: the run was started before.
-            RunActiveError: another run of this process is still active (runs share the devices).
+            RunActiveError: another active run of this process holds one of its devices (GPUs, CPU process slots,
+                Dask workers; :mod:`~flair_nbddp.claims`): the message names it.
             ShippingError: ``fn`` or an argument cannot be pickled (nothing runs: workers started for the run while
                 a corpus was packed are ended at once).
             PayloadWriteError: the payload cannot be written, e.g. the disk is full (nothing runs, as above).
             PoolRefError: an argument is a released :class:`~flair_nbddp.PoolRef` (nothing runs, as above).
             PoolClosedError: the source is a closed pool.
         """
-        with _STARTING:  # one check-and-register at a time: two threads cannot both see "nothing active"
-            if self._supervisor is not None or self.state.ended_at is not None:
+        with _STARTING:  # one check-and-claim at a time: a Run starts once
+            if self._claimed or self.state.ended_at is not None:
                 raise RunStateError("this Run was started already: a Run runs once; start a new one")
-            active = [run for run in _RUNS if run.active]
-            if active:
-                since = time.strftime("%H:%M:%S", time.localtime(active[0].state.started_at))
-                raise RunActiveError(
-                    f"another run is still active in this kernel (started {since}, status "
-                    f"{active[0].state.snapshot().status}); both would compete for the same devices. "
-                    "Wait for it to end, or stop it first (run.stop(), the kernel's interrupt, or the panel's Stop)."
-                )
+            self._claimed = True
+            claim = getattr(self.source, "claim", None) or Claim.of(self.plan)
+            HOLDINGS.take(self, f"run '{self.name}' (started {time.strftime('%H:%M:%S')}, {self.plan})", claim)
+        try:
             self._start()
+        except BaseException:
+            HOLDINGS.give_back(self)
+            raise
         return self
 
     def _start(self) -> None:
@@ -346,7 +353,44 @@ class Run:
         except KeyboardInterrupt:
             pass  # it came after the run had ended (the release still completed): the result stands
         finally:
+            HOLDINGS.give_back(self)
             self.dir.remove_job_files()
+
+
+def wait_all(runs: Sequence[Run], timeout: float | None = None) -> list[RunResult]:
+    """Wait for several runs started side by side (:func:`flair_nbddp.start`), on one interrupt ladder: the kernel's
+    first interrupt stops every one of them gracefully and keeps waiting, a second ends all their workers and
+    propagates. Returns their results in order (failed runs' too: each has its ``error``).
+
+    Raises:
+        StillRunningError: not every run ended within ``timeout`` seconds (they go on).
+
+    Example::
+
+        first = start(train, (corpus,), gpus=[0, 1])
+        second = start(train, (corpus,), gpus=[2, 3])
+        results = wait_all([first, second])
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    stopping = False
+    while True:
+        try:
+            while not all(run.ended for run in runs):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise StillRunningError(f"not every run ended within {timeout} s; they go on")
+                time.sleep(TICK_SECONDS)
+            return [run.wait() for run in runs]
+        except KeyboardInterrupt:
+            if not stopping:
+                stopping = True
+                print("flair_nbddp: stopping every run after its current batch, saving the models (interrupt again to "
+                      "end their workers now)", flush=True)  # fmt: skip
+                for run in runs:
+                    run.stop()
+                continue
+            for run in runs:
+                run.kill()
+            raise
 
 
 def wait_for_end(

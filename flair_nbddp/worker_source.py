@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from .claims import HOLDINGS, Claim
 from .devices import DevicePlan, resolve_devices
 from .errors import ConfigurationError, DeviceError
 from .local_ranks import TERMINATE_GRACE_SECONDS, WorkerGroup
@@ -107,8 +108,12 @@ class ColdWorkers:
     ``new_group`` makes the group for a directory: this machine's worker processes by default, or a cluster's
     ranks (:func:`flair_nbddp.cluster.ranks.cluster_group_factory`), which ``where`` then names."""
 
-    def __init__(self, plan: DevicePlan, new_group: Callable[[RunDir], RankGroup] | None = None, where: str = "") -> None:
+    def __init__(
+        self, plan: DevicePlan, new_group: Callable[[RunDir], RankGroup] | None = None, where: str = "",
+        claim: Claim | None = None,
+    ) -> None:  # fmt: skip
         self.plan, self.where = plan, where
+        self.claim = claim or Claim.of(plan)  # what its run holds while it runs (:mod:`~flair_nbddp.claims`)
         self.new_group = new_group or (lambda home: WorkerGroup(plan, home))
         self._group: RankGroup | None = None
         self._handed = False  # whether the group got its job
@@ -159,13 +164,15 @@ def new_workers(
             "out (processes= says how many)"
         )
     client = connect(cluster)
-    placement = place(client, processes, device)
-    return ColdWorkers(placement.plan, cluster_group_factory(client, placement), f" {placement.describe()}")
+    placement = place(client, processes, device, held=HOLDINGS.workers_held())
+    claim = Claim.on_cluster(site.worker for site in placement.sites)
+    return ColdWorkers(placement.plan, cluster_group_factory(client, placement), f" {placement.describe()}", claim)
 
 
 def source_for(options: RunOptions, pool: WorkerSource | None) -> WorkerSource:
-    """Where a run with ``options`` gets its ranks: ``pool`` (whose devices ``options`` may only repeat), else
-    new workers of this machine or of ``options.cluster``.
+    """Where a run with ``options`` gets its ranks: ``pool`` (whose devices ``options`` may only repeat; a
+    :class:`~flair_nbddp.WorkerPool` lent in slices gives a free slice, and any source with ``lease`` what that
+    gives), else new workers of this machine or of ``options.cluster``.
 
     Raises:
         ConfigurationError: both a pool and a cluster.
@@ -179,6 +186,9 @@ def source_for(options: RunOptions, pool: WorkerSource | None) -> WorkerSource:
             "pool= and cluster= both say where to run: a pool made with WorkerPool(cluster=...) runs on its cluster "
             "already, so pass only pool=, or only cluster= for new workers"
         )
+    lease = getattr(pool, "lease", None)  # a WorkerPool: itself, or one of its free slices
+    if lease is not None:
+        return lease(options.processes, options.device, options.gpus)
     mismatch = pool.plan.mismatch(options.processes, options.device, options.gpus)
     if mismatch:
         raise DeviceError(

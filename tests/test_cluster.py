@@ -16,7 +16,12 @@ import pytest
 from conftest import wait_for
 from dask_cluster import LoopbackCluster
 from jupyter_kernel import running_kernel
-from training_jobs import fine_tune_counting_tokenizations, fine_tune_failing_once, train_sentiment
+from training_jobs import (
+    fine_tune_counting_tokenizations,
+    fine_tune_failing_once,
+    train_classifier_with,
+    train_sentiment,
+)
 
 import flair_nbddp
 from flair_nbddp import WorkerError, WorkerPool, launch, runs, start
@@ -241,6 +246,20 @@ def test_a_pool_on_the_cluster_keeps_its_ranks_the_corpus_put_on_it_and_its_enco
                         pool=pool, dashboard=False, seed=5) for name in ("first", "again")]  # fmt: skip
         assert tuned[0].value["encoded"] == tuned[0].value["distinct"] > 0
         assert tuned[1].value["encoded"] == 0 and tuned[1].history("dev/score") == tuned[0].history("dev/score")
+
+
+def test_a_sweep_runs_one_trial_on_each_dask_worker_at_once(client, tmp_path):
+    import optuna
+
+    corpus = sentiment_corpus(n_train=120, n_dev=30, n_test=30, seed=2)
+    space = {"lr": optuna.distributions.CategoricalDistribution([0.05, 0.5])}
+    result = flair_nbddp.sweep(train_classifier_with, (corpus, str(tmp_path)), {"epochs": 2}, space=space, n_trials=2,
+                               cluster=client, dashboard=False)  # fmt: skip
+    records = result.records
+    assert [record.trial["state"] for record in records] == ["complete", "complete"]
+    first, second = records
+    assert first.started_at < second.ended_at and second.started_at < first.ended_at  # side by side
+    assert {record.ranks[0]["worker"] for record in records} == set(client.nthreads())  # one worker each
 
 
 def _ok(result):

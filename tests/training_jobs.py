@@ -262,3 +262,28 @@ def fine_tune_out_of_memory_in_chunks_over_1(corpus, model_path: str, base_path:
     scores = ModelTrainer(model, corpus).fine_tune(base_path, max_epochs=2, mini_batch_size=4, mini_batch_chunk_size=4,
                                                    learning_rate=5e-3, multi_gpu=True, plugins=[OutOfMemory()])  # fmt: skip
     return {"test_score": scores["test_score"]}
+
+
+def train_classifier_with(corpus, base_path: str, lr: float, epochs: int = 3, hidden: int = 8) -> dict:
+    """A sweep's trial: a small RNN TextClassifier on one-hot words, trained with learning rate ``lr``; its model
+    comes back."""
+    from flair.embeddings import DocumentRNNEmbeddings, OneHotEmbeddings
+    from flair.models import TextClassifier
+    from flair.trainers import ModelTrainer
+
+    words = OneHotEmbeddings.from_corpus(corpus, embedding_length=16, min_freq=1)
+    model = TextClassifier(
+        DocumentRNNEmbeddings([words], hidden_size=hidden), label_type="sentiment",
+        label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False),
+    )
+    scores = ModelTrainer(model, corpus).train(
+        f"{base_path}/lr-{lr:.6g}", max_epochs=epochs, mini_batch_size=16, learning_rate=lr, multi_gpu=True
+    )
+    return {"test_score": scores["test_score"], "model": model}
+
+
+def fails_when_told(train, corpus, base_path: str, lr: float, fail: bool = False) -> dict:
+    """A sweep's trial: ``train(corpus, base_path, lr=lr)`` for 4 epochs, or a failure when ``fail``."""
+    if fail:
+        raise ValueError("told to fail")
+    return train(corpus, base_path, lr=lr, epochs=4)

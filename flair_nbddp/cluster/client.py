@@ -17,7 +17,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,8 +123,11 @@ def _gpus(info: dict, probe: dict) -> int:
     return int(info.get("resources", {}).get("GPU", 0) or 0) or int(probe.get("gpus", 0))
 
 
-def place(client: Any, processes: int | None = None, device: str | None = None) -> Placement:
-    """One rank per Dask worker of ``client``'s cluster: ``processes`` of them (default all that fit ``device``).
+def place(
+    client: Any, processes: int | None = None, device: str | None = None, held: Collection[str] = frozenset()
+) -> Placement:
+    """One rank per Dask worker of ``client``'s cluster: ``processes`` of them (default all that fit ``device``),
+    leaving out the workers other runs of this kernel hold (``held``, their addresses: runs side by side).
 
     ``device`` ``"cuda"`` takes the workers with a GPU (NCCL), ``"cpu"`` any worker (gloo); None takes the GPU
     workers if there are any. ``$FLAIR_NBDDP_DEVICE`` and ``$FLAIR_NBDDP_PROCESSES`` apply as on one machine.
@@ -159,6 +162,8 @@ def place(client: Any, processes: int | None = None, device: str | None = None) 
     with_gpu = [address for address in addresses if _gpus(workers[address], probes[address]) > 0]
     device = device or ("cuda" if with_gpu else "cpu")
     candidates = sorted(with_gpu if device == "cuda" else addresses, key=lambda a: (probes[a]["node"], a))
+    taken = [address for address in candidates if address in held]
+    candidates = [address for address in candidates if address not in held]
     wanted = int(processes) if processes is not None else len(candidates)
     if not candidates or wanted > len(candidates):
         kind = " with a GPU" if device == "cuda" else ""
@@ -168,7 +173,8 @@ def place(client: Any, processes: int | None = None, device: str | None = None) 
         )
         raise ClusterError(
             f"{wanted or 1} rank(s) on {device} need as many Dask workers{kind}, and the cluster has "
-            f"{len(candidates)}: {have}. Scale the cluster, ask for fewer processes"
+            f"{len(candidates)}{f' free ({len(taken)} held by other runs of this kernel)' if taken else ''}: {have}. "
+            "Scale the cluster, ask for fewer processes"
             + (", or run on CPU (device='cpu')" if device == "cuda" else "")
         )
     return Placement(DevicePlan(device, wanted, "nccl" if device == "cuda" else "gloo"), _sites(

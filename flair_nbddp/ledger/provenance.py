@@ -41,11 +41,12 @@ class Provenance:
     """How a run was asked for, as the ledger records it (the magic and the panel fill in theirs).
 
     Attributes:
-        origin: ``"launch"``, ``"start"``, ``"%%ddp_train"`` or ``"panel"``.
+        origin: ``"launch"``, ``"start"``, ``"%%ddp_train"``, ``"panel"`` or ``"sweep"``.
         name: recorded instead of the function's name.
         source: recorded instead of the function's source (the magic's cell).
         params: described instead of the call's ``args``/``kwargs`` (the magic's notebook variables).
         options: recorded with the run's own options (the magic's line).
+        trial: a sweep's trial: its study, number, parameters and state (:func:`flair_nbddp.sweep`).
     """
 
     origin: str = "launch"
@@ -53,6 +54,7 @@ class Provenance:
     source: str | None = None
     params: dict | None = None
     options: dict = field(default_factory=dict)
+    trial: dict = field(default_factory=dict)
 
 
 def describe(value: Any, digests: dict[int, str] | None = None, depth: int = 0) -> Any:

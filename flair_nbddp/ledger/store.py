@@ -38,11 +38,21 @@ from ..state import MetricPoint
 HOME_ENV = "FLAIR_NBDDP_HOME"
 SWITCH_ENV = "FLAIR_NBDDP_LEDGER"
 FILE_NAME = "runs.sqlite"
-SCHEMA_VERSION = 2  # 2: checkpoints, resumed_from
+SCHEMA_VERSION = 3  # 2: checkpoints, resumed_from; 3: trial
 BUSY_SECONDS = 10.0  # how long a write waits for another kernel's
 ATTEMPTS = 3  # a write that still finds the file busy is tried again this many times in all
 ENDED = ("finished", "stopped", "failed", "lost")
 _T = TypeVar("_T")
+
+
+def kit_home() -> Path:
+    """The kit's own directory: ``$FLAIR_NBDDP_HOME``, default ``~/.flair_nbddp`` (the run ledger, sweeps' studies).
+
+    Example:
+        >>> (kit_home() / "runs.sqlite") == ledger_path()     # with FLAIR_NBDDP_LEDGER unset
+        True
+    """
+    return Path(os.environ.get(HOME_ENV, "").strip() or Path.home() / ".flair_nbddp").expanduser().absolute()
 
 
 def ledger_path() -> Path | None:
@@ -54,8 +64,7 @@ def ledger_path() -> Path | None:
     """
     if os.environ.get(SWITCH_ENV, "").strip().lower() in ("0", "off", "false", "no"):
         return None
-    home = os.environ.get(HOME_ENV, "").strip() or Path.home() / ".flair_nbddp"
-    return Path(home).expanduser().absolute() / FILE_NAME
+    return kit_home() / FILE_NAME
 
 
 def _this_boot() -> str:
@@ -103,7 +112,7 @@ class RunRecord:
         status: ``"running"``, ``"finished"``, ``"stopped"``, ``"failed"``, or ``"lost"`` (its kernel died).
         error: the failure in a line or a few (None unless failed or lost).
         name: the function's name (``"%%ddp_train"`` for a cell of the magic).
-        origin: ``"launch"``, ``"start"``, ``"%%ddp_train"`` or ``"panel"``; ``workers``: ``"ColdWorkers"``,
+        origin: ``"launch"``, ``"start"``, ``"%%ddp_train"``, ``"panel"`` or ``"sweep"``; ``workers``: ``"ColdWorkers"``,
             ``"WorkerPool"``, or another worker source's class.
         source, source_hash: the function's source (the cell's, for the magic) and its sha256.
         params: the call as described for the record: ``{"args": [...], "kwargs": {...}}`` (the magic:
@@ -114,10 +123,13 @@ class RunRecord:
         versions: python, torch, flair, transformers and flair_nbddp.
         final_metrics, scores: every metric's last value; the numbers worth comparing (the value's numeric entries,
             ``dev/score``, ``train/loss``).
-        ranks: each rank's last word (pid, device, steps, samples, samples/s, memory, exit code).
+        ranks: each rank's last word (pid, device, steps, samples, samples/s, memory, exit code, host, Dask worker).
         checkpoint, models: the model saved by a stop; every model file flair saved.
         checkpoints: every full checkpoint rank 0 wrote, ``{"epoch", "path", "sha256", "batch"}``, in order (a resume
             continues from the last); resumed_from: the id of the run this one resumed from (None: none).
+        trial: for a sweep's trial (:func:`flair_nbddp.sweep`), ``{"study", "number", "params", "state", "value"}``,
+            the state ``"running"``, ``"complete"``, ``"pruned"``, ``"failed"`` or ``"stopped"``, the value Optuna
+            was told (None unless complete); else empty.
         run_dir, elapsed, samples_per_second, time_to_first_batch: as in :class:`~flair_nbddp.RunResult`.
 
     Example::
@@ -154,6 +166,7 @@ class RunRecord:
     models: list = field(default_factory=list)
     checkpoints: list = field(default_factory=list)
     resumed_from: int | None = None
+    trial: dict = field(default_factory=dict)
     run_dir: str | None = None
     elapsed: float | None = None
     samples_per_second: float | None = None
@@ -189,7 +202,7 @@ class RunRecord:
 
 
 _COLUMNS = [item.name for item in dataclasses.fields(RunRecord) if item.name not in ("id", "ledger")]
-_JSON = {"params", "options", "versions", "final_metrics", "scores", "ranks", "models", "checkpoints"}
+_JSON = {"params", "options", "versions", "final_metrics", "scores", "ranks", "models", "checkpoints", "trial"}
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY AUTOINCREMENT, {", ".join(_COLUMNS)});
 CREATE INDEX IF NOT EXISTS runs_name ON runs (name, id);
@@ -296,6 +309,19 @@ class Ledger:
             )
             if ended.rowcount == 1:
                 _insert_points(connection, run_id, points)
+
+        self._transaction(write)
+
+    def update(self, run_id: int, **fields: Any) -> None:
+        """Set ``fields`` of run ``run_id``, ended or not (a sweep's verdict on its trial comes after the run)."""
+        unknown = set(fields) - set(_COLUMNS)
+        if unknown:
+            raise ConfigurationError(f"not fields of a RunRecord: {', '.join(sorted(unknown))}")
+        values = [json.dumps(value) if name in _JSON else value for name, value in fields.items()]
+
+        def write(connection: sqlite3.Connection) -> None:
+            assignments = ", ".join(f"{name} = ?" for name in fields)
+            connection.execute(f"UPDATE runs SET {assignments} WHERE id = ?", [*values, run_id])
 
         self._transaction(write)
 

@@ -49,6 +49,7 @@ def compare(records: Sequence[RunRecord], metric: str = "dev/score") -> Figure:
     if not records:
         raise ConfigurationError("compare() needs at least one run: pass records from flair_nbddp.history()")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     figure, axes = plt.subplots(figsize=(7.5, 4.2))
     plt.close(figure)  # returned, not also drawn by pyplot at the end of the cell
@@ -57,7 +58,9 @@ def compare(records: Sequence[RunRecord], metric: str = "dev/score") -> Figure:
         label = run_label(record) + ("" if points else f" — no {metric}")
         steps, values = [step for step, _ in points], [value for _, value in points]
         axes.plot(steps, values, marker="o" if len(points) <= MARKERS_UP_TO else None, label=label)
-    axes.set_xlabel("epoch" if metric.startswith(("dev/", "test/")) or metric == "train/loss" else "step")
+    per_epoch = metric.startswith(("dev/", "test/")) or metric == "train/loss"
+    axes.set_xlabel("epoch" if per_epoch else "step")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs (and steps), never 1.25
     axes.set_ylabel(metric)
     axes.set_title(f"{metric}, {len(records)} run(s)")
     axes.grid(alpha=0.3)

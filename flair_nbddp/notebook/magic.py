@@ -1,4 +1,4 @@
-"""IPython magics: ``%%ddp_train`` runs a cell on every device, ``%ddp_pool`` keeps warm workers for it (and
+"""IPython magics: ``%%ddp_train`` runs a cell on every device, ``%%ddp_sweep`` sweeps it with Optuna, ``%ddp_pool`` keeps warm workers for it (and
 corpora in them: ``%ddp_pool put corpus``), ``%ddp_info`` shows devices and runs, ``%ddp_runs`` the run ledger.
 
 Load them with ``%load_ext flair_nbddp``.
@@ -36,6 +36,7 @@ from ..errors import (
     DeviceError,
     LedgerError,
     ShippingError,
+    UnknownOptionError,
     UnsupportedPlatformError,
 )
 from ..ledger.provenance import Provenance
@@ -45,7 +46,7 @@ from ..options import DEVICES, from_flags, magic_flags, numbers
 from ..pool import WorkerPool, check_ranks, current_pool, set_current_pool
 from ..run import runs
 from ..wire.payload import describe_unpicklable
-from ..worker.cell_code import run_ddp_train_cell
+from ..worker.cell_code import run_ddp_sweep_cell, run_ddp_train_cell
 from ..worker.ddp_exec import PREDEFINED, RankResult
 from .cell_names import names_to_ship
 from .run_table import runs_html
@@ -218,7 +219,7 @@ def _unshippable(shipped: dict) -> str | None:
 
 @magics_class
 class DdpMagics(Magics):
-    """``%%ddp_train``, ``%ddp_pool``, ``%ddp_info`` and ``%ddp_runs``."""
+    """``%%ddp_train``, ``%%ddp_sweep``, ``%%ddp_exec``, ``%ddp_pool``, ``%ddp_info`` and ``%ddp_runs``."""
 
     @no_var_expand
     @magic_arguments()
@@ -258,6 +259,63 @@ class DdpMagics(Magics):
         if options.out:
             self.shell.user_ns[options.out] = result.value
         return result.value
+
+    @no_var_expand
+    @magic_arguments()
+    @argument("--space", required=True, metavar="NAME",
+              help="the notebook variable holding the search space: a function of an Optuna trial, or a dict of Optuna "
+                   "distributions; its parameters become the cell's variables")  # fmt: skip
+    @argument("--trials", type=int, required=True, metavar="N", help="how many trials to run")
+    @argument("--trial-processes", type=int, default=1, metavar="K", help="processes (GPUs) per trial (default 1)")
+    @argument("--metric", default="dev/score", help="what Optuna optimises (default dev/score)")
+    @argument("--direction", choices=["maximize", "minimize"], default="maximize")
+    @argument("--study", default=None, metavar="NAME", help="the study's name: an existing one is continued")
+    @argument("--out", default=None, metavar="NAME", help="store the Sweep in this notebook variable")
+    @run_option_flags()
+    @cell_magic
+    def ddp_sweep(self, line: str, cell: str):
+        """Sweep the cell: each trial runs it on its own devices (as ``%%ddp_train`` does), the parameters Optuna
+        suggests from ``--space`` as variables; several trials at once, pruned by epoch (:func:`flair_nbddp.sweep`).
+        The cell's last value is each trial's result; the cell's output is the :class:`~flair_nbddp.Sweep`.
+
+        Example::
+
+            space = lambda trial: {"lr": trial.suggest_float("lr", 1e-4, 1e-1, log=True)}
+
+            %%ddp_sweep --space space --trials 8 --study lr-search
+            trainer = ModelTrainer(make_classifier(corpus), corpus)
+            trainer.train("out", learning_rate=lr, max_epochs=4, multi_gpu=True)
+        """
+        from ..sweeps.runner import SWEEP_DECIDES, sweep
+        from ..sweeps.study import space_names
+
+        options = parse_argstring(self.ddp_sweep, line)
+        if options.out is not None and not options.out.isidentifier():
+            raise UsageError(f"--out {options.out!r} is not a valid variable name")
+        if options.space not in self.shell.user_ns:
+            raise UsageError(f"--space {options.space}: no such notebook variable; define the search space first")
+        space = self.shell.user_ns[options.space]
+        source = plain_python(cell, self.shell.transform_cell)
+        pool = current_pool()
+        try:
+            shipped = _ship(source, self.shell.user_ns, pool, held=space_names(space))
+            run_options = {name: value for name, value in from_flags(options).items()  # a sweep decides these
+                           if not (name in SWEEP_DECIDES and value in (None, False))}  # fmt: skip
+            run_options["cluster"] = cluster_option(options.cluster, self.shell.user_ns)
+            result = sweep(
+                run_ddp_sweep_cell, (source, shipped), space=space, n_trials=options.trials,
+                trial_processes=options.trial_processes, metric=options.metric, direction=options.direction,
+                study=options.study, pool=pool, **run_options,
+                provenance=Provenance("sweep", name="%%ddp_sweep", source=cell, params={"variables": shipped},
+                                      options={"line": line.strip()}),
+            )  # fmt: skip
+        except ShippingError as error:
+            raise UsageError(_unshippable(shipped) or str(error)) from None
+        except (ConfigurationError, ClusterError, UnsupportedPlatformError, UnknownOptionError) as error:
+            raise UsageError(str(error)) from None
+        if options.out:
+            self.shell.user_ns[options.out] = result
+        return result
 
     @no_var_expand
     @magic_arguments()
@@ -315,12 +373,12 @@ class DdpMagics(Magics):
 
     def _new_pool(
         self, processes: int | None = None, device: str | None = None, gpus: tuple[int, ...] | None = None,
-        for_exec: bool = False, cluster: str | None = None, share_gpus: bool = False,
+        for_exec: bool = False, cluster: str | None = None, share_gpus: bool = False, job_processes: int | None = None,
     ) -> WorkerPool:  # fmt: skip
         """A new current pool (its workers start with its first job, or at ``warm_up``)."""
         try:
             pool = WorkerPool(processes, device, gpus=gpus, cluster=cluster_option(cluster, self.shell.user_ns),
-                              share_gpus=share_gpus)  # fmt: skip
+                              share_gpus=share_gpus, job_processes=job_processes)  # fmt: skip
         except (ConfigurationError, ClusterError, UnsupportedPlatformError) as error:
             raise UsageError(str(error)) from None
         set_current_pool(pool)
@@ -349,6 +407,10 @@ class DdpMagics(Magics):
         "--cluster", default=None, metavar="ADDRESS_OR_NAME",
         help="with start: keep the workers on a Dask cluster (its scheduler's address, or a Client's name)",
     )  # fmt: skip
+    @argument(
+        "--job-processes", type=int, default=None, metavar="K",
+        help="with start: lend the workers in slices of K to jobs side by side (%%%%ddp_sweep --trial-processes K)",
+    )  # fmt: skip
     @line_magic
     def ddp_pool(self, line: str) -> WorkerPool | None:
         """``%ddp_pool start [N]`` keeps N warm workers for ``%%ddp_train`` and the panel; ``stop`` ends them.
@@ -368,7 +430,7 @@ class DdpMagics(Magics):
                 raise UsageError(f"'%ddp_pool start' takes a number of workers, not {' '.join(options.targets)!r}")
             processes = int(options.targets[0]) if options.targets else None
             pool = self._new_pool(processes, options.device, options.gpus, cluster=options.cluster,
-                                  share_gpus=options.share_gpus)  # fmt: skip
+                                  share_gpus=options.share_gpus, job_processes=options.job_processes)  # fmt: skip
             pool.warm_up()
             print(pool.status())
         elif options.action == "restart":

@@ -17,6 +17,17 @@ def run_ddp_train_cell(source: str, namespace: dict[str, Any]) -> Any:
     return run_source(source, {"__name__": "__main__", **namespace}, "<ddp_train cell>")
 
 
+def run_ddp_sweep_cell(source: str, namespace: dict[str, Any], **params: Any) -> Any:
+    """``%%ddp_sweep``'s trial: the cell with the trial's parameters as variables (over the notebook's of the same
+    name); the value of its last expression.
+
+    Example:
+        >>> run_ddp_sweep_cell("lr * 10", {"lr": 1.0}, lr=0.5)
+        5.0
+    """
+    return run_ddp_train_cell(source, {**namespace, **params})
+
+
 def run_source(source: str, scope: dict[str, Any], filename: str) -> Any:
     """Execute ``source`` in ``scope`` itself (its frames named ``filename``); return the value of its last
     expression (else None)."""
