@@ -253,7 +253,7 @@ def test_a_sweep_runs_one_trial_on_each_dask_worker_at_once(client, tmp_path):
 
     corpus = sentiment_corpus(n_train=120, n_dev=30, n_test=30, seed=2)
     space = {"lr": optuna.distributions.CategoricalDistribution([0.05, 0.5])}
-    result = flair_nbddp.sweep(train_classifier_with, (corpus, str(tmp_path)), {"epochs": 2}, space=space, n_trials=2,
+    result = flair_nbddp.sweep(train_classifier_with, (corpus, str(tmp_path)), {"epochs": 1}, space=space, n_trials=2,
                                cluster=client, dashboard=False)  # fmt: skip
     records = result.records
     assert [record.trial["state"] for record in records] == ["complete", "complete"]

@@ -14,7 +14,7 @@ import pytest
 from conftest import wait_for
 from training_jobs import train_sentiment, train_then_return_a_generator
 
-from flair_nbddp import RunHangError, WorkerError, launch, start
+from flair_nbddp import RunActiveError, RunHangError, WorkerError, launch, start
 from flair_nbddp.wire import payload
 
 pytestmark = [pytest.mark.process, pytest.mark.usefixtures("no_leftover_processes")]
@@ -164,9 +164,9 @@ def _sleep_and_report_port(seconds):
     return os.environ["MASTER_PORT"]
 
 
-def test_a_second_launch_while_one_runs_is_refused_and_the_first_continues():
+def test_a_second_launch_on_the_devices_of_a_running_one_is_refused_and_the_first_continues():
     first = start(_sleep_and_report_port, (4,))
-    with pytest.raises(RuntimeError, match="another run is still active"):
+    with pytest.raises(RunActiveError, match="the CPU's 2 process slots are held: 2 by run '_sleep_and_report_port'"):
         launch(_sleep_and_report_port, args=(0,), dashboard=False)
     result = first.wait()
     assert result.status == "finished" and result.value.isdigit()

@@ -186,7 +186,7 @@ import optuna, flair_nbddp
 from flair_nbddp.synthetic import sentiment_corpus
 from training_jobs import fails_when_told, train_classifier_with
 corpus = sentiment_corpus(n_train=60, n_dev=10, n_test=10, seed=2)
-result = flair_nbddp.sweep(fails_when_told, (train_classifier_with, corpus, {str(tmp_path)!r}),
+result = flair_nbddp.sweep(fails_when_told, (train_classifier_with, corpus, {str(tmp_path)!r}), {{"epochs": 1}},
     space={{"lr": optuna.distributions.FloatDistribution(0.01, 1.0, log=True)}}, n_trials=1, device="cpu", study="two-at-once",
     dashboard=False)
 print("TRIALS", len(result.study.trials), result.state.rows[0].number, result.state.rows[0].state)
@@ -316,3 +316,13 @@ def test_a_pools_workers_serve_one_run_at_a_time_and_a_sliced_pool_lends_a_free_
         flair_nbddp.start(double, (1,), pool=whole)  # refused before the pool's workers are touched
     HOLDINGS.give_back("first")
     whole.close()
+
+
+def test_a_run_nobody_waited_for_gives_its_devices_back_once_it_has_ended():
+    first, second = FakeSource(2), FakeSource(2)
+    ended = Run(double, (1,), {}, first).start()
+    finish(first, 2)
+    wait_for(lambda: ended.ended, 10, "the first run to end")
+    after = Run(double, (2,), {}, second).start()  # the first run's CPU slots came back without a wait()
+    finish(second, 4)
+    assert after.wait(timeout=10).value == 4 and ended.wait(timeout=1).value == 2

@@ -282,8 +282,8 @@ def train_classifier_with(corpus, base_path: str, lr: float, epochs: int = 3, hi
     return {"test_score": scores["test_score"], "model": model}
 
 
-def fails_when_told(train, corpus, base_path: str, lr: float, fail: bool = False) -> dict:
-    """A sweep's trial: ``train(corpus, base_path, lr=lr)`` for 4 epochs, or a failure when ``fail``."""
+def fails_when_told(train, corpus, base_path: str, lr: float, fail: bool = False, epochs: int = 4) -> dict:
+    """A sweep's trial: ``train(corpus, base_path, lr=lr)`` for ``epochs``, or a failure when ``fail``."""
     if fail:
         raise ValueError("told to fail")
-    return train(corpus, base_path, lr=lr, epochs=4)
+    return train(corpus, base_path, lr=lr, epochs=epochs)
