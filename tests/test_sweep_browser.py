@@ -13,7 +13,7 @@ from flair.models import TextClassifier
 from flair.trainers import ModelTrainer
 from flair_nbddp.synthetic import sentiment_corpus
 
-corpus = sentiment_corpus(n_train=200, n_dev=30, n_test=30, seed=2)
+corpus = sentiment_corpus(n_train=120, n_dev=20, n_test=20, seed=2)
 
 def train(corpus, lr):
     words = OneHotEmbeddings.from_corpus(corpus, embedding_length=16, min_freq=1)

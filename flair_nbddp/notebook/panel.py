@@ -684,12 +684,12 @@ class TrainingPanel:
         record = PanelRun(len(self.runs) + 1, chosen, str(run.plan), record_id=run.record_id)
         self.runs.append(record)
         self._show_problem(NO_PROBLEM)
-        self._lock(True)
         self.history.value = self.history_html()
         self.status.value = panel_status_html("starting", f"run {record.number}")
         if isinstance(run, RestartingRun):  # each new attempt gets the dashboard
             run.on_attempt = lambda attempt, line: self._follow(attempt, record, line)
         self._follow(run.current if isinstance(run, RestartingRun) else run, record)
+        self._lock(True)  # Stop comes with the run's dashboard already in the panel
         watcher = threading.Thread(
             target=self._watch, args=(run, record, self._done), name="flair_nbddp-panel", daemon=True
         )
