@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from .devices import DevicePlan, cpu_slots, cuda_visible_entry
 from .errors import RunActiveError
 
+DASK_WORKER = "Dask worker "  # how a Dask worker's unit is named: this, then its address
+
 
 @dataclass(frozen=True)
 class Claim:
@@ -57,7 +59,7 @@ class Claim:
     @classmethod
     def on_cluster(cls, workers: Collection[str]) -> Claim:
         """What a run on these Dask workers (their addresses) holds."""
-        return cls(units=frozenset(f"Dask worker {address}" for address in workers))
+        return cls(units=frozenset(DASK_WORKER + address for address in workers))
 
 
 class Holdings:
@@ -93,8 +95,7 @@ class Holdings:
 
     def workers_held(self) -> frozenset[str]:
         """The addresses of the Dask workers runs hold now."""
-        prefix = "Dask worker "
-        return frozenset(unit[len(prefix):] for unit in self.units_held() if unit.startswith(prefix))
+        return frozenset(unit.removeprefix(DASK_WORKER) for unit in self.units_held() if unit.startswith(DASK_WORKER))
 
 
 def _conflict(claim: Claim, others: list[tuple[str, Claim]]) -> str | None:

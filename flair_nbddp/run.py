@@ -207,7 +207,7 @@ class Run:
             PoolRefError: an argument is a released :class:`~flair_nbddp.PoolRef` (nothing runs, as above).
             PoolClosedError: the source is a closed pool.
         """
-        for ended in [run for run in _RUNS if run.ended and run._result is None]:
+        for ended in [run for run in _RUNS if run.active and run.ended]:
             ended._finish()  # a run nobody waited for gives its devices back once it has ended
         with _STARTING:  # one check-and-claim at a time: a Run starts once
             if self._claimed or self.state.ended_at is not None:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+import psutil
 import pytest
 from jupyter_kernel import TEST_ENVIRONMENT
 
@@ -239,6 +240,19 @@ def run_all_cells(page: Page) -> None:
 def save_notebook(page: Page) -> None:
     """Save the current notebook (File ▸ Save), outputs included; returns once it is written."""
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+
+
+def workers_under(pid: int) -> list[str]:
+    """Command lines of the ``flair_nbddp.worker.main`` processes descending from ``pid`` (the lab and its kernels)."""
+    found = []
+    for process in psutil.Process(pid).children(recursive=True):
+        try:
+            command = " ".join(process.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if "flair_nbddp.worker" in command:
+            found.append(command)
+    return found
 
 
 def screenshot(page: Page, name: str, selector: str | None = None) -> Path:

@@ -2,9 +2,8 @@
 
 import time
 
-import psutil
 import pytest
-from browser import lab, needs_browser, open_notebook, page, run_all_cells, screenshot  # noqa: F401 - fixtures
+from browser import lab, needs_browser, open_notebook, page, run_all_cells, screenshot, workers_under  # noqa: F401 - fixtures
 
 PANEL_CELL = """\
 from flair_nbddp.notebook.panel import TrainingPanel
@@ -30,19 +29,6 @@ def _progress_until(page, percent: float, timeout: float) -> list[float]:
             return seen
         time.sleep(0.25)
     raise AssertionError(f"training did not reach {percent}% within {timeout} s; progress seen: {seen}")
-
-
-def _workers_under(pid: int) -> list[str]:
-    """Command lines of the ``flair_nbddp.worker.main`` processes descending from ``pid`` (the lab and its kernels)."""
-    found = []
-    for process in psutil.Process(pid).children(recursive=True):
-        try:
-            command = " ".join(process.cmdline())
-        except psutil.NoSuchProcess:
-            continue
-        if "flair_nbddp.worker" in command:
-            found.append(command)
-    return found
 
 
 @needs_browser
@@ -73,4 +59,4 @@ def test_train_and_stop_clicked_in_jupyterlab(lab, page):
     assert seen == sorted(seen) and len({value for value in seen if 0 < value < 100}) >= 2, f"no live progress: {seen}"
     assert "stopped" in page.inner_text(".nbddp-history") and "stopped" in page.inner_text(".nbddp-status")
     assert page.is_enabled(".nbddp-train") and page.is_disabled(".nbddp-stop")
-    assert _workers_under(lab.process.pid) == []
+    assert workers_under(lab.process.pid) == []

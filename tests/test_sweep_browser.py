@@ -2,8 +2,7 @@
 both trials stopped with their models, nothing left running."""
 
 import pytest
-from browser import lab, needs_browser, open_notebook, page, run_all_cells, screenshot  # noqa: F401 - fixtures
-from test_panel_browser import _workers_under
+from browser import lab, needs_browser, open_notebook, page, run_all_cells, screenshot, workers_under  # noqa: F401 - fixtures
 
 SWEEP_CELL = """\
 import optuna
@@ -46,4 +45,4 @@ def test_the_sweep_widget_shows_trials_side_by_side_and_its_stop_button_ends_the
     screenshot(page, "sweep-stopped", sweep)
     assert page.is_disabled(f"{sweep} button:has-text('Stop')")
     assert page.locator(f"{sweep} td:has-text('running')").count() == 0  # no trial started after the Stop
-    assert _workers_under(lab.process.pid) == []
+    assert workers_under(lab.process.pid) == []

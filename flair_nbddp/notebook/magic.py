@@ -15,7 +15,8 @@ Example (in a notebook)::
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Collection
+import contextlib
+from collections.abc import Callable, Collection, Iterator
 
 from IPython.core.error import UsageError
 from IPython.core.magic import (
@@ -209,6 +210,24 @@ def show_rank_results(results: list[RankResult]) -> None:
         raise failed[0].error
 
 
+def _check_out(name: str | None) -> None:
+    """A magic's ``--out NAME``: a variable name, or absent."""
+    if name is not None and not name.isidentifier():
+        raise UsageError(f"--out {name!r} is not a valid variable name")
+
+
+@contextlib.contextmanager
+def _usage_errors(shipped: dict, *mistakes: type[Exception]) -> Iterator[None]:
+    """A magic's mistakes as IPython's one-line ``UsageError``: a variable of ``shipped`` that cannot be sent
+    (named with its path), and any of ``mistakes`` (impossible devices, options...)."""
+    try:
+        yield
+    except ShippingError as error:
+        raise UsageError(_unshippable(shipped) or str(error)) from None
+    except mistakes as error:
+        raise UsageError(str(error)) from None
+
+
 def _unshippable(shipped: dict) -> str | None:
     for name, value in shipped.items():
         message = describe_unpicklable(f"variable {name!r} ({type(value).__name__})", name, value, where="this cell")
@@ -237,12 +256,11 @@ class DdpMagics(Magics):
         Dask cluster, one rank per Dask worker.
         """
         options = parse_argstring(self.ddp_train, line)
-        if options.out is not None and not options.out.isidentifier():
-            raise UsageError(f"--out {options.out!r} is not a valid variable name")
+        _check_out(options.out)
         source = plain_python(cell, self.shell.transform_cell)
         pool = current_pool()
         shipped = _ship(source, self.shell.user_ns, pool)
-        try:
+        with _usage_errors(shipped, ConfigurationError, ClusterError, UnsupportedPlatformError):  # impossible devices...
             run_options = from_flags(options)
             run_options["cluster"] = cluster_option(options.cluster, self.shell.user_ns)
             result = launch(
@@ -252,10 +270,6 @@ class DdpMagics(Magics):
                     options={"line": line.strip()},
                 ),
             )  # fmt: skip
-        except ShippingError as error:
-            raise UsageError(_unshippable(shipped) or str(error)) from None
-        except (ConfigurationError, ClusterError, UnsupportedPlatformError) as error:  # impossible devices...
-            raise UsageError(str(error)) from None
         if options.out:
             self.shell.user_ns[options.out] = result.value
         return result.value
@@ -290,15 +304,15 @@ class DdpMagics(Magics):
         from ..sweeps.study import space_names
 
         options = parse_argstring(self.ddp_sweep, line)
-        if options.out is not None and not options.out.isidentifier():
-            raise UsageError(f"--out {options.out!r} is not a valid variable name")
+        _check_out(options.out)
         if options.space not in self.shell.user_ns:
             raise UsageError(f"--space {options.space}: no such notebook variable; define the search space first")
         space = self.shell.user_ns[options.space]
         source = plain_python(cell, self.shell.transform_cell)
         pool = current_pool()
-        try:
+        with _usage_errors({}, ConfigurationError):  # a space that is none
             shipped = _ship(source, self.shell.user_ns, pool, held=space_names(space))
+        with _usage_errors(shipped, ConfigurationError, ClusterError, UnsupportedPlatformError, UnknownOptionError):
             run_options = {name: value for name, value in from_flags(options).items()  # a sweep decides these
                            if not (name in SWEEP_DECIDES and value in (None, False))}  # fmt: skip
             run_options["cluster"] = cluster_option(options.cluster, self.shell.user_ns)
@@ -309,10 +323,6 @@ class DdpMagics(Magics):
                 provenance=Provenance("sweep", name="%%ddp_sweep", source=cell, params={"variables": shipped},
                                       options={"line": line.strip()}),
             )  # fmt: skip
-        except ShippingError as error:
-            raise UsageError(_unshippable(shipped) or str(error)) from None
-        except (ConfigurationError, ClusterError, UnsupportedPlatformError, UnknownOptionError) as error:
-            raise UsageError(str(error)) from None
         if options.out:
             self.shell.user_ns[options.out] = result
         return result
@@ -340,8 +350,7 @@ class DdpMagics(Magics):
         options = parse_argstring(self.ddp_exec, line)
         if cell is None and not options.reset:
             raise UsageError("%ddp_exec on a line takes --reset (empty every rank's namespace); %%ddp_exec runs a cell")
-        if options.out is not None and not options.out.isidentifier():
-            raise UsageError(f"--out {options.out!r} is not a valid variable name")
+        _check_out(options.out)
         if options.rank is not None and options.ranks is not None:
             raise UsageError("give --rank R or --ranks 0,2, not both")
         if cell is None and current_pool() is None:
@@ -359,14 +368,12 @@ class DdpMagics(Magics):
         if ranks is not None and len(ranks) < pool.plan.world_size:
             print(f"flair_nbddp: the cell runs on rank(s) {', '.join(map(str, ranks))} only: a collective in it "
                   "would wait forever for the other ranks (interrupt to end it)", flush=True)  # fmt: skip
-        try:
+        with _usage_errors(shipped):
             results = pool.exec(
                 source, ranks, variables=shipped, reset=options.reset, **from_flags(options, ddp_exec=True),
                 provenance=Provenance("%%ddp_exec", name="%%ddp_exec", source=cell or "", params={"variables": shipped},
                                       options={"line": line.strip()}),
             )  # fmt: skip
-        except ShippingError as error:
-            raise UsageError(_unshippable(shipped) or str(error)) from None
         if options.out:
             self.shell.user_ns[options.out] = [result.value for result in results]
         show_rank_results(results)
