@@ -41,7 +41,7 @@ from .wire.events import Job
 from .wire.pool_ref import PoolRef
 from .worker import ddp_exec
 from .worker.ddp_exec import RankResult
-from .worker_source import RankGroup, WorkerSource, new_workers, source_for
+from .worker_source import RankGroup, WorkerSource, left_the_cluster, new_workers, source_for
 
 _CURRENT: WorkerPool | None = None
 _EXEC_DECIDES = {  # run options exec() takes none of: it decides them
@@ -87,7 +87,9 @@ class WorkerPool:
         run_dir: where the workers' start-up output and stack dumps go; default a new private directory.
             Each job's output goes to its own run directory.
         cluster: keep the ranks warm on a Dask cluster instead (a ``distributed.Client`` or a scheduler address),
-            one per Dask worker, as :func:`~flair_nbddp.launch` places them.
+            one per Dask worker, as :func:`~flair_nbddp.launch` places them. When some of those workers leave the
+            cluster (a lost node), the next job, or a restart (``max_restarts``), places the ranks again on the
+            workers there then; ``cluster`` is kept as the attribute of that name (None: this machine).
         job_processes: lend the workers in slices of this many, each with a process group of its own, so that
             ``processes // job_processes`` jobs run on the pool at once (a sweep's trials:
             :func:`~flair_nbddp.sweep`); on GPUs each slice has its GPUs (``WorkerPool(8, job_processes=2)``: GPUs
@@ -123,16 +125,17 @@ class WorkerPool:
         source = new_workers(processes, device, gpus, cluster, share_gpus)  # checks the devices, places the ranks
         self.plan: DevicePlan = source.plan
         self.where = source.where
+        self.cluster = cluster
         plans = slice_plans(self.plan, job_processes, sliceable=cluster is None)  # refused before anything is made
         self.home = RunDir.create(run_dir, prefix="pool-")
-        name = f"WorkerPool {self.home.path.name}"  # a pool's workers, or a slice's, serve one run at a time
+        self._name = f"WorkerPool {self.home.path.name}"  # a pool's workers, or a slice's, serve one run at a time
         if plans is None:
-            whole = replace(source.claim, cpu=0, units=source.claim.units | {name})
-            self._slices = [PoolSlice(self, 0, self.plan, source.new_group, whole)]
+            self._slices = [PoolSlice(self, 0, self.plan, source.new_group, self._whole(source.claim))]
         else:
             self._slices = [
                 PoolSlice(self, index, plan, lambda home, plan=plan: WorkerGroup(plan, home),
-                          replace(Claim.of(plan), cpu=0, units=frozenset({f"slice {index} of {name}"})), f"slice-{index}")
+                          replace(Claim.of(plan), cpu=0, units=frozenset({f"slice {index} of {self._name}"})),
+                          f"slice-{index}")
                 for index, plan in enumerate(plans)
             ]  # fmt: skip
         self.jobs_run = 0
@@ -198,6 +201,7 @@ class WorkerPool:
                 "without the pool (launch without pool=, or '%ddp_pool stop' in a notebook)"
             )
         if len(self._slices) == 1:
+            self._place_again()
             return self
         fits = [part for part in self._slices if wanted_gpus is None or set(part.plan.gpus or ()) == set(wanted_gpus)]
         if not fits:
@@ -205,6 +209,31 @@ class WorkerPool:
             raise DeviceError(f"no slice of the pool has GPUs {','.join(map(str, wanted_gpus))}: its slices have {have}")
         held = HOLDINGS.units_held()
         return next((part for part in fits if not part.claim.units & held), fits[0])
+
+    def _whole(self, claim: Claim) -> Claim:
+        """What a job on every worker holds: the workers' claim and the pool's name (its CPU processes exist already:
+        they hold no CPU slot)."""
+        return replace(claim, cpu=0, units=claim.units | {self._name})
+
+    def _place_again(self) -> None:
+        """On a Dask cluster: if Dask workers of the pool's ranks left (a lost node), place the ranks afresh on the
+        workers there now, those still there or new ones, as a new pool would; their job starts on fresh ranks.
+
+        Raises:
+            ClusterError: too few workers now (a restart waits ``restart_timeout`` seconds for new ones to join).
+        """
+        if self.cluster is None:
+            return
+        part = self._slices[0]
+        with self._lock:
+            gone = [] if part.busy or self._closed else left_the_cluster(self.cluster, part.claim)
+            if not gone:
+                return
+            source = new_workers(self.plan.world_size, self.plan.device_type, None, self.cluster)
+            part.recycle_before_next(f"Dask worker(s) {', '.join(gone)} left the cluster")
+            part.claim, part.new_group, self.where = self._whole(source.claim), source.new_group, source.where
+            self._note(f"Dask worker(s) {', '.join(gone)} left the cluster: the pool's ranks are placed again,"
+                       f"{source.where}")  # fmt: skip
 
     def _job_began(self, job: Job) -> Job:
         """A slice takes ``job``: with the copies of put objects its workers keep. Under the pool's lock."""
@@ -477,7 +506,7 @@ class PoolSlice:
         self, pool: WorkerPool, index: int, plan: DevicePlan, new_group: Callable[[RunDir], RankGroup], claim: Claim,
         name: str = "",
     ) -> None:  # fmt: skip
-        self.pool, self.index, self.plan, self._new_group = pool, index, plan, new_group
+        self.pool, self.index, self.plan, self.new_group = pool, index, plan, new_group
         self.claim = claim  # its workers (and GPUs): one job at a time
         self.home = RunDir.create(pool.home.path / name) if name else pool.home  # its workers' start-up logs
         self.group: RankGroup | None = None  # this machine's worker processes, or the ranks on a cluster
@@ -488,7 +517,7 @@ class PoolSlice:
         """Start the workers now if none are up (the slice's first job), so they start while the job is packed."""
         with self.pool._lock:
             if self.group is None and not self.pool.closed:
-                self.group = self._new_group(self.home).start(preload)
+                self.group = self.new_group(self.home).start(preload)
 
     def acquire(self, job: Job) -> RankGroup:
         """Hand ``job`` to every worker of the slice (starting or recycling them first) and return their group.
@@ -516,7 +545,7 @@ class PoolSlice:
                 self.group = None
             self._needs_recycle = None
             if self.group is None:
-                self.group = self._new_group(self.home).start()
+                self.group = self.new_group(self.home).start()
             job = pool._job_began(job)
             self.busy = True
             try:

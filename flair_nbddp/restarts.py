@@ -3,7 +3,7 @@
 :class:`Restarts` is the one policy of :func:`flair_nbddp.launch`, :func:`flair_nbddp.start` and the panel: after
 an attempt failed with a rank's error (:class:`~flair_nbddp.WorkerError`: an exception, a signal, out of memory, a
 lost Dask worker) or hung (:class:`~flair_nbddp.RunHangError`), the run starts again from that attempt's last full
-checkpoint (from the start, or where the attempt itself began, if it wrote none), up to ``max_restarts`` times;
+checkpoint (a resumed attempt's list starts with the one it began from; none: from the start), up to ``max_restarts`` times;
 with ``on_oom="halve_chunk"`` a rank out of memory starts it again with flair's ``mini_batch_chunk_size`` halved,
 down to 1, besides. A stop, an interrupt and a ``timeout`` are never restarted. On a Dask cluster the next attempt
 takes the workers still there, or new ones that join within ``restart_timeout`` seconds.
@@ -59,7 +59,7 @@ class Restarts:
             if len(self.attempts) > 1:
                 failed.attempts = self.attempts
             return None
-        if failed.checkpoints:  # else from the start, or from where this attempt itself resumed
+        if failed.checkpoints:  # else from the start (a resumed attempt's list starts with where it resumed from)
             self.options = replace(self.options, resume=failed)
             self._resumed_from_epoch, self._where = failed.checkpoints[-1].epoch, failed.checkpoints[-1].describe()
         if smaller is not None:
@@ -84,7 +84,8 @@ class Restarts:
             try:
                 return source_for(self.options, pool)
             except ClusterError as error:
-                if not self.attempts or self.options.cluster is None or time.monotonic() >= deadline or give_up():
+                on_cluster = self.options.cluster is not None or getattr(pool, "cluster", None) is not None
+                if not self.attempts or not on_cluster or time.monotonic() >= deadline or give_up():
                     raise
                 if not waiting:
                     print(f"flair_nbddp: waiting up to {self.options.restart_timeout:g} s for Dask workers to take "

@@ -89,7 +89,8 @@ class RunResult:
         models: every model file flair saved on rank 0 (``final-model.pt``, ``best-model.pt``...), absolute.
         checkpoints: every full checkpoint rank 0 wrote, in order: one per finished epoch, one at a stop and, with
             ``checkpoint_every``, one every N steps (each replaced the one before in the same file); a later run
-            continues from the last with ``launch(..., resume=result)``.
+            continues from the last with ``launch(..., resume=result)``. A resumed run's list starts with the
+            checkpoint it resumed from.
         attempts: with ``max_restarts``, every attempt of the run, the first included, each with its error (this
             result is the last attempt's); empty for a run that was not restarted.
         error: the failure (WorkerError, RunTimeoutError, RunHangError) when ``status == "failed"``.

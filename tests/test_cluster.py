@@ -149,8 +149,9 @@ def test_a_second_interrupt_ends_every_rank_at_once(cluster, client):
     assert time.monotonic() - killed_at < 10
 
 
+@pytest.mark.parametrize("on", ["new workers", "a pool"])
 def test_a_lost_node_restarts_the_run_from_its_checkpoint_on_a_worker_that_joins(
-    cluster, client, tmp_path, tiny_model_path, capsys
+    on, cluster, client, tmp_path, tiny_model_path, capsys
 ):
     corpus = sentiment_corpus(n_train=32, n_dev=8, n_test=8, seed=4)
     marker, paused = tmp_path / "pause", tmp_path / "pause.paused"
@@ -169,14 +170,24 @@ def test_a_lost_node_restarts_the_run_from_its_checkpoint_on_a_worker_that_joins
         lost["at"] = time.time()
 
     threading.Thread(target=lose_rank_1s_node, daemon=True).start()
-    result = launch(fine_tune_failing_once, (corpus, tiny_model_path, str(tmp_path / "out"), str(marker), "pause"),
-                    cluster=client, seed=11, dashboard=False, max_restarts=1)  # fmt: skip
+    where = {"cluster": client} if on == "new workers" else {"pool": WorkerPool(cluster=client)}
+    try:
+        result = launch(fine_tune_failing_once, (corpus, tiny_model_path, str(tmp_path / "out"), str(marker), "pause"),
+                        seed=11, dashboard=False, max_restarts=1, **where)  # fmt: skip
+    finally:
+        if on == "a pool":
+            placed_again = where["pool"].notes[-2:]
+            where["pool"].close()
     assert result.status == "finished", result.error
     first, last = result.attempts
     assert isinstance(first.error, WorkerError) and first.error.rank == 1, first.error
     assert "left the cluster" in str(first.error) and lost["worker"] in str(first.error), str(first.error)
     assert (last.status, last.resumed_from_epoch) == ("finished", 2)
     assert "restart 1 of 1 from the end of epoch 2" in capsys.readouterr().out
+    if on == "a pool":
+        assert placed_again[0].startswith(f"Dask worker(s) {lost['worker']} left the cluster: the pool's ranks are "
+                                          "placed again, on 2 Dask workers of 2 nodes"), placed_again  # fmt: skip
+        assert placed_again[1].startswith("recycled the pool's workers"), placed_again
     failed = flair_nbddp.history(limit=2)[1]  # its checkpoints outlived the node: they are in the notebook's run
     assert failed.ended_at - lost["at"] < 30  # rank 0, left waiting for rank 1, was ended at once
     assert Path(failed.checkpoints[-1]["path"]).is_file() and failed.checkpoints[-1]["epoch"] == 2

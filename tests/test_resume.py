@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import psutil
 import pytest
-from training_jobs import fine_tune_failing_once
+from training_jobs import fine_tune_failing_once, train_ner_failing_once
 
 import flair_nbddp
 from flair_nbddp import ResumeError, WorkerError, launch, start
-from flair_nbddp.synthetic import sentiment_corpus
+from flair_nbddp.synthetic import ner_corpus, sentiment_corpus
 
 CURVES = ("train/loss", "dev/loss", "dev/score")
 CORPUS = dict(n_train=32, n_dev=8, n_test=8, seed=4)
@@ -206,6 +206,28 @@ def test_a_rank_killed_in_epoch_3_is_restarted_from_its_last_checkpoint_and_the_
     # the failed attempt's workers are gone (the pool replaced them), and the restart ran on the new ones
     assert not [rank.pid for rank in first.error.result.ranks if psutil.pid_exists(rank.pid)]
     assert {rank.pid for rank in result.ranks}.isdisjoint(rank.pid for rank in first.error.result.ranks)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("lazy_corpus", [True, False], ids=["lazy corpus", "built corpus"])
+def test_embeddings_flair_stored_on_evaluated_sentences_are_resumed_with_them(lazy_corpus, warm_pool, tmp_path):
+    """flair's ``train`` stores the one-hot embeddings its evaluations computed on the dev and test sentences, and
+    every later evaluation reuses them: a restart puts them back, or its dev scores would be others."""
+    corpus = ner_corpus(n_train=32, n_dev=16, n_test=8, seed=3)
+    marker = tmp_path / "fail"
+
+    def run(name: str, **options):
+        return warm_pool.launch(train_ner_failing_once, (corpus, str(tmp_path / name), str(marker)), seed=5,
+                                dashboard=False, lazy_corpus=lazy_corpus, **options)  # fmt: skip
+
+    whole = run("whole")
+    marker.touch()
+    restarted = run("restarted", max_restarts=1)
+    assert [attempt.status for attempt in restarted.attempts] == ["failed", "finished"]
+    failed = flair_nbddp.history(limit=2)[1]
+    for name in CURVES:
+        assert failed.history(name) + restarted.history(name) == whole.history(name), name
+    assert restarted.value["test_score"] == whole.value["test_score"]
 
 
 @pytest.mark.process

@@ -23,6 +23,7 @@ from flair_nbddp.restarts import RestartingRun
 from flair_nbddp.run import Run, runs
 from flair_nbddp.wire import payload
 from flair_nbddp.wire.events import (
+    CheckpointSaved,
     EventSender,
     Failed,
     Finished,
@@ -149,6 +150,26 @@ def test_an_interrupted_run_with_restarts_stops_and_is_not_started_again(source,
     result = run.wait(timeout=10)  # the ranks never answer the stop: ended after stop_timeout, no attempt follows
     assert "stopping after the current batch on every rank" in capsys.readouterr().out
     assert run.state.stop_requested and len(source.jobs) == 1 and not result.attempts and not run.active
+
+
+def test_a_resumed_run_that_writes_no_checkpoint_of_its_own_is_resumed_from_where_it_began(source, tmp_path):
+    import hashlib
+
+    checkpoint = tmp_path / "checkpoint.pt"  # what rank 0 of the first run wrote, 5 batches into epoch 2
+    checkpoint.write_bytes(b"state")
+    sha256 = hashlib.sha256(b"state").hexdigest()
+    first = Run(double, (1,), {}, source).start()
+    source.ranks.ranks[0].send(CheckpointSaved(0, epoch=1, path=str(checkpoint), sha256=sha256, batch=5))
+    finish(source, 2)
+    stopped = first.wait(timeout=10)
+    # a stop before its first own checkpoint (e.g. at its epoch's last batch, whose evaluation is still to come)
+    resumed = Run(double, (1,), {}, source, RunOptions(resume=stopped)).start()
+    finish(source, 2)
+    again = Run(double, (1,), {}, source, RunOptions(resume=resumed.wait(timeout=10))).start()
+    assert [(job.resume, job.resume_sha256) for job in source.jobs[1:]] == [(str(checkpoint), sha256)] * 2
+    assert flair_nbddp.history(limit=1)[0].resumed_from == resumed.record_id
+    finish(source, 2)
+    assert again.wait(timeout=10).checkpoints == stopped.checkpoints
 
 
 def test_several_threads_waiting_for_one_run_get_the_same_result(source):

@@ -168,20 +168,16 @@ def fine_tune_noting_dtypes(corpus, model_path: str, base_path: str) -> dict:
     return {"test_score": scores["test_score"], "seen": {k: sorted(v) for k, v in seen.items()}, "weights": sorted(weights)}
 
 
-def fine_tune_failing_once(corpus, model_path: str, base_path: str, marker: str, how: str = "raise") -> dict:
-    """Fine-tune a tiny-transformer classifier for 4 epochs; while the file ``marker`` exists, rank 1 removes it and
-    fails at epoch 3's third batch, after the end of epoch 2 was checkpointed. ``how``: ``"raise"`` an error;
-    ``"kill"`` itself (SIGKILL, as by the kernel's out-of-memory killer); ``"pause"``: write the pid of the
-    process that started it (on a cluster, its Dask worker) to ``marker + ".paused"`` and wait for its node to be
-    lost."""
+def _fail_once(marker: str, how: str):
+    """A flair plugin: while the file ``marker`` exists, rank 1 removes it and fails at epoch 3's third batch, after
+    the end of epoch 2 was checkpointed. ``how``: ``"raise"`` an error; ``"kill"`` itself (SIGKILL, as by the
+    kernel's out-of-memory killer); ``"pause"``: write the pid of the process that started it (on a cluster, its
+    Dask worker) to ``marker + ".paused"`` and wait for its node to be lost."""
     import os
     import signal
     import time
 
     import torch.distributed as dist
-    from flair.embeddings import TransformerDocumentEmbeddings
-    from flair.models import TextClassifier
-    from flair.trainers import ModelTrainer
     from flair.trainers.plugins import TrainerPlugin
 
     class FailOnce(TrainerPlugin):
@@ -197,10 +193,33 @@ def fine_tune_failing_once(corpus, model_path: str, base_path: str, marker: str,
                     time.sleep(600)
                 raise RuntimeError("rank 1 failed in epoch 3")
 
+    return FailOnce()
+
+
+def fine_tune_failing_once(corpus, model_path: str, base_path: str, marker: str, how: str = "raise") -> dict:
+    """Fine-tune a tiny-transformer classifier for 4 epochs, rank 1 failing once in epoch 3 (:func:`_fail_once`)."""
+    from flair.embeddings import TransformerDocumentEmbeddings
+    from flair.models import TextClassifier
+    from flair.trainers import ModelTrainer
+
     model = TextClassifier(TransformerDocumentEmbeddings(model_path), label_type="sentiment",
                            label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False))  # fmt: skip
     scores = ModelTrainer(model, corpus).fine_tune(base_path, max_epochs=4, mini_batch_size=4, learning_rate=5e-3,
-                                                   multi_gpu=True, plugins=[FailOnce()])  # fmt: skip
+                                                   multi_gpu=True, plugins=[_fail_once(marker, how)])  # fmt: skip
+    return {"test_score": scores["test_score"]}
+
+
+def train_ner_failing_once(corpus, base_path: str, marker: str) -> dict:
+    """Train a one-hot SequenceTagger with flair's ``train`` for 4 epochs (its embeddings, trainable, stored on the
+    evaluated sentences: ``embeddings_storage_mode="cpu"``), rank 1 failing once in epoch 3 (:func:`_fail_once`)."""
+    from flair.embeddings import OneHotEmbeddings
+    from flair.models import SequenceTagger
+    from flair.trainers import ModelTrainer
+
+    tagger = SequenceTagger(hidden_size=16, embeddings=OneHotEmbeddings.from_corpus(corpus, embedding_length=16),
+                            tag_dictionary=corpus.make_label_dictionary("ner"), tag_type="ner", use_crf=False)  # fmt: skip
+    scores = ModelTrainer(tagger, corpus).train(base_path, max_epochs=4, mini_batch_size=4, learning_rate=0.1,
+                                                multi_gpu=True, plugins=[_fail_once(marker, "raise")])  # fmt: skip
     return {"test_score": scores["test_score"]}
 
 

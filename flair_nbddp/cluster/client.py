@@ -119,6 +119,11 @@ def workers_of(client: Any) -> dict[str, dict]:
     return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
 
 
+def departed(client: Any, addresses: Collection[str]) -> list[str]:
+    """Which of these Dask workers (their addresses) are no longer in ``client``'s cluster, sorted."""
+    return sorted(set(addresses) - set(workers_of(client)))
+
+
 def _gpus(info: dict, probe: dict) -> int:
     return int(info.get("resources", {}).get("GPU", 0) or 0) or int(probe.get("gpus", 0))
 

@@ -126,7 +126,7 @@ class RunRecord:
         ranks: each rank's last word (pid, device, steps, samples, samples/s, memory, exit code, host, Dask worker).
         checkpoint, models: the model saved by a stop; every model file flair saved.
         checkpoints: every full checkpoint rank 0 wrote, ``{"epoch", "path", "sha256", "batch"}``, in order (a resume
-            continues from the last); resumed_from: the id of the run this one resumed from (None: none).
+            continues from the last; a resumed run's list starts with the one it began from); resumed_from: the id of the run this one resumed from (None: none).
         trial: for a sweep's trial (:func:`flair_nbddp.sweep`), ``{"study", "number", "params", "state", "value"}``,
             the state ``"running"``, ``"complete"``, ``"pruned"``, ``"failed"`` or ``"stopped"``, the value Optuna
             was told (None unless complete); else empty.

@@ -219,6 +219,17 @@ def keep_embedded(data_points: Any, storage_mode: str) -> None:
             source.kept[table][index] = point
 
 
+def lazy_key(point: Any) -> tuple[str, int]:
+    """Where its lazy corpus builds ``point`` from: ``("s", index)`` for a sentence, ``("g", index)`` for a pair."""
+    _, table, index = _ORIGINS[point]
+    return table, index
+
+
+def kept_point(dataset: Any, key: tuple[str, int]) -> Any:
+    """The point :func:`lazy_key` named, of the lazy corpus ``dataset`` is made from, built and kept for the job."""
+    return _lazy_lists(dataset)[0]._source.keep(*key)
+
+
 class _BuiltPoints(Dataset):
     """The built points of a lazy split, as a dataset: flair iterates it as it would the split, with the same
     draw from torch's random generator (a DataLoader takes one as it starts), so training stays identical."""

@@ -4,7 +4,9 @@
 ``best-model.pt`` save, and as the training loop ends) it gathers every rank's random number generators and rank 0
 writes one file: the model's and the optimizer's state, the state of flair's plugins that decide (their
 schedulers' ``state_dict``: a linear schedule with warm-up, annealing on plateau; and their plain attributes), the
-epoch, flair's step count and the best dev score so far. It writes one inside an epoch too, when the notebook
+epoch, flair's step count, the best dev score so far and, with an ``embeddings_storage_mode`` other than ``"none"``,
+the embeddings of trainable embeddings flair's evaluations left stored on each rank's corpus
+(:mod:`.stored_embeddings`). It writes one inside an epoch too, when the notebook
 stops the training and, with ``checkpoint_every``, every N steps: then with where each rank is in the epoch (the
 batches trained, its generators as the epoch began) and what flair's loop has summed so far in its own local
 variables (the epoch's train loss and samples). The file is written beside its final name,
@@ -44,6 +46,7 @@ from flair.trainers.plugins import TrainerPlugin
 
 from ..errors import CheckpointWriteError, FlairNbddpError
 from .checkpoint_files import FORMAT, generators, set_generators, write
+from .stored_embeddings import changing_names, collect, restore
 
 _PLAIN = (bool, int, float, str, type(None))
 
@@ -79,6 +82,7 @@ class Checkpointing(TrainerPlugin):
         self._due = False  # a checkpoint every N steps is due as the next batch begins
         self._best: float | None = None
         self._higher_is_better = True
+        self._storage_mode = "none"  # flair's embeddings_storage_mode
         self._written_for: tuple[int, int] = (-1, 0)
         self._writer: threading.Thread | None = None
         self._write_error: BaseException | None = None
@@ -94,8 +98,9 @@ class Checkpointing(TrainerPlugin):
         return self._checkpoint["steps"] if self._checkpoint else 0
 
     @TrainerPlugin.hook
-    def after_setup(self, train_with_dev: bool = False, **_: Any) -> None:
+    def after_setup(self, train_with_dev: bool = False, embeddings_storage_mode: str = "none", **_: Any) -> None:
         self._higher_is_better = not train_with_dev and bool(self.trainer.corpus.dev)
+        self._storage_mode = embeddings_storage_mode
         self._steps = self.step_offset
         save_model = self.trainer._save_model
 
@@ -182,7 +187,10 @@ class Checkpointing(TrainerPlugin):
         if (epoch, batch) == self._written_for:
             return
         self._written_for = (epoch, batch)
-        ranks = self._gather({"generators": generators(), "position": position})
+        stored = {}
+        if self._storage_mode != "none":  # what flair's evaluations left on the corpus, and a new process cannot redo
+            stored = collect(self.trainer.corpus, changing_names(self.trainer.model))
+        ranks = self._gather({"generators": generators(), "position": position, "stored": stored})
         if self._rank != 0:
             return
         self.finish_writing()  # the previous file written before this one's copies are made (one extra copy at most)
@@ -197,6 +205,7 @@ class Checkpointing(TrainerPlugin):
             "plugins": self._plugin_states(),
             "generators": [rank["generators"] for rank in ranks],
             "positions": [rank["position"] for rank in ranks] if position else None,
+            "stored_embeddings": [rank["stored"] for rank in ranks] if any(rank["stored"] for rank in ranks) else None,
         })  # fmt: skip
         self._writer = threading.Thread(target=self._write_file, args=(epoch, batch, checkpoint), daemon=True,
                                         name="flair_nbddp-checkpoint")  # fmt: skip
@@ -232,6 +241,8 @@ class Checkpointing(TrainerPlugin):
                 else:
                     setattr(plugin, attribute, value)
         self._best = checkpoint["best"]
+        if checkpoint.get("stored_embeddings"):
+            restore(self.trainer.corpus, checkpoint["stored_embeddings"][self._rank], self._storage_mode)
         self._first_batch = True
         generators_here = checkpoint["generators"][self._rank]
         if not checkpoint.get("positions"):
