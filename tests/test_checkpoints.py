@@ -62,15 +62,17 @@ def _train(kind: str, model_path: str, base, resume=None, keep_at=None, every=No
     if kind == "transformer":
         result = trainer.fine_tune(base, learning_rate=5e-3, **common)
     else:
-        # embeddings_storage_mode="none": a checkpoint does not yet keep the embeddings flair stores on sentences
-        result = trainer.train(base, learning_rate=2.0, patience=0, anneal_factor=0.5, embeddings_storage_mode="none",
+        # "rnn-stored": flair's embeddings_storage_mode="cpu", the evaluations' embeddings kept on the dev sentences
+        # and reused (so its dev scores do not worsen: no annealing), and so in the checkpoint
+        storage = "cpu" if kind == "rnn-stored" else "none"
+        result = trainer.train(base, learning_rate=2.0, patience=0, anneal_factor=0.5, embeddings_storage_mode=storage,
                                **common)  # fmt: skip
     return scores.seen, result["test_score"], [weights.clone() for weights in model.state_dict().values()]
 
 
 @pytest.mark.parametrize(
-    "kind, keep_at", [("rnn", (2, 0)), ("rnn", (1, 2)), ("transformer", (1, 2))],
-    ids=["epoch-end-rnn", "mid-epoch-rnn", "mid-epoch-transformer"],
+    "kind, keep_at", [("rnn", (2, 0)), ("rnn", (1, 2)), ("rnn-stored", (1, 2)), ("transformer", (1, 2))],
+    ids=["epoch-end-rnn", "mid-epoch-rnn", "mid-epoch-stored-embeddings", "mid-epoch-transformer"],
 )  # (a transformer from an epoch's end: tests/test_resume.py, on 2 ranks)
 def test_a_training_resumed_from_a_checkpoint_ends_as_the_uninterrupted_one(kind, keep_at, tiny_model_path, tmp_path):
     # (epoch, batch): the end of epoch 2; 2 batches into epoch 2 (every=4 writes one at steps 4, 8, 16 and 20)
@@ -98,3 +100,24 @@ def test_a_checkpoint_is_whole_or_absent_and_one_that_changed_is_refused(tmp_pat
     path.write_bytes(path.read_bytes()[:-10])  # cut short, as by a full disk outside the kit
     with pytest.raises(ResumeError, match="sha256 differs"):
         checkpoint_files.read(path, sha256)
+
+
+def test_a_training_resumed_inside_an_epoch_numbers_its_batches_as_the_uninterrupted_one():
+    from flair_nbddp.wire.events import Progress
+    from flair_nbddp.worker.counters import TrainingCounters
+    from flair_nbddp.worker.flair_compat import StreamingPlugin
+
+    resumed = checkpoints.Checkpointing(checkpoint_files.NAME, 0, lambda value: [value], lambda *_: None,
+                                        resume={"epoch": 1, "batch": 5, "positions": [{"batches": 5}]})  # fmt: skip
+    assert [resumed.batches_before(epoch) for epoch in (1, 2, 3)] == [0, 5, 0]  # 5 batches into epoch 2
+    at_an_end = checkpoints.Checkpointing(checkpoint_files.NAME, 0, lambda value: [value], lambda *_: None,
+                                          resume={"epoch": 2, "batch": 0, "positions": None})  # fmt: skip
+    assert at_an_end.batches_before(3) == 0
+
+    sent = []
+    streaming = StreamingPlugin(type("Sender", (), {"send": lambda self, event: sent.append(event)})(), 0,
+                                TrainingCounters(), None)  # fmt: skip
+    streaming.batches_before = resumed.batches_before
+    streaming.after_training_batch(batch=[1, 2], batch_no=0, total_number_of_batches=3, epoch=2)
+    [progress] = sent  # flair's first batch of the 3 left: the epoch's 6th of 8
+    assert isinstance(progress, Progress) and (progress.epoch, progress.batch, progress.total_batches) == (2, 6, 8)

@@ -92,6 +92,12 @@ class Checkpointing(TrainerPlugin):
         """The epoch flair's trainer starts after (its ``epoch=`` argument): the checkpoint's last whole epoch, or 0."""
         return self._checkpoint["epoch"] if self._checkpoint else 0
 
+    def batches_before(self, epoch: int) -> int:
+        """The batches of ``epoch`` trained before this training began (a resume from inside it): flair counts the
+        epoch's batches from 1 again, its loader leaving those out."""
+        resumed_inside = self._checkpoint is not None and self._checkpoint.get("positions")
+        return self._checkpoint["batch"] if resumed_inside and epoch == self.start_epoch + 1 else 0
+
     @property
     def step_offset(self) -> int:
         """flair's step count before this training: its per-step metrics continue from there."""

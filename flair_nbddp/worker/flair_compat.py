@@ -103,7 +103,8 @@ class StreamingPlugin(TrainerPlugin):
     """Streams progress and metrics (rank 0), counts throughput and handles a graceful stop (every rank).
 
     Its only collective is the stop agreement, which every rank joins at the same point of every batch,
-    over ``control_group`` (a gloo group, ``None`` for a single process).
+    over ``control_group`` (a gloo group, ``None`` for a single process). ``batches_before(epoch)``: the batches of
+    an epoch trained before this training resumed inside it, which its batch numbers count as flair's loop does not.
     """
 
     def __init__(self, sender: EventSender, rank: int, counters: TrainingCounters, control_group: Any) -> None:
@@ -117,6 +118,7 @@ class StreamingPlugin(TrainerPlugin):
         self._corpus_before_stop: Any = None
         self._stopped_at: Path | None = None  # the checkpoint, once this plugin stopped the training
         self._set_up_at = 0.0
+        self.batches_before: Callable[[int], int] = lambda epoch: 0
 
     @TrainerPlugin.hook
     def after_setup(
@@ -132,16 +134,17 @@ class StreamingPlugin(TrainerPlugin):
 
     @TrainerPlugin.hook
     def before_training_batch(self, epoch: int = 0, batch_no: int = 0, **_: Any) -> None:
-        self._counters.batch_started(epoch, batch_no + 1)
+        self._counters.batch_started(epoch, self.batches_before(epoch) + batch_no + 1)
 
     @TrainerPlugin.hook
     def after_training_batch(self, batch: list, batch_no: int, total_number_of_batches: int, epoch: int, **_: Any):
         self._counters.batch_done(len(batch))
+        before = self.batches_before(epoch)
         if self._rank == 0:
-            self._sender.send(Progress(0, epoch, self._max_epochs, batch_no + 1, total_number_of_batches))
+            self._sender.send(Progress(0, epoch, self._max_epochs, before + batch_no + 1, before + total_number_of_batches))
             self._send_tensor_metrics()
         if _all_ranks_agree_to_stop(self._control_group):
-            self._stop(epoch, batch_no + 1)
+            self._stop(epoch, before + batch_no + 1)
 
     def _stop(self, epoch: int, batch: int) -> None:
         if self._saves_final_model:
@@ -335,6 +338,8 @@ def instrument_trainer(
             kwargs["epoch"] = checkpointing.start_epoch  # flair's own argument: the epoch it goes on after
         if checkpoint_files.job_chunk_size() is not None:  # a restart after running out of memory
             kwargs["mini_batch_chunk_size"] = checkpoint_files.job_chunk_size()
+        if checkpointing is not None:
+            streaming.batches_before = checkpointing.batches_before
         ours = [streaming] if checkpointing is None else [checkpointing, streaming]  # a batch counted, then a stop
         ddp_exec.training(True)  # an interrupt of a %%ddp_exec cell waits for the same-batch stop
         try:
