@@ -9,7 +9,8 @@ down to 1, besides. A stop, an interrupt and a ``timeout`` are never restarted. 
 takes the workers still there, or new ones that join within ``restart_timeout`` seconds.
 
 :func:`flair_nbddp.launch` applies it while it waits (:mod:`flair_nbddp.watch`); :class:`RestartingRun` is what
-:func:`flair_nbddp.start` returns when restarts are asked for: a thread waits for each attempt and starts the next.
+:func:`flair_nbddp.start` returns when restarts are asked for: a thread waits for each attempt and starts the next,
+which ships the call the first attempt packed (its payload file, kept until the run ends: a corpus is packed once).
 
 Example::
 
@@ -20,6 +21,8 @@ Example::
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 import time
 import warnings
@@ -32,6 +35,7 @@ from .errors import ClusterError, OutOfMemoryError, RunHangError, WorkerError, d
 from .options import RunOptions
 from .result import Attempt, RunResult
 from .run import Run, wait_for_end
+from .wire import payload
 from .worker_source import WorkerSource, source_for
 
 RESTART_POLL_SECONDS = 1.0  # how often a restart on a cluster looks for enough Dask workers
@@ -110,6 +114,7 @@ class RestartingRun:
     ) -> None:  # fmt: skip
         self._call, self._pool, self._provenance = (fn, tuple(args), dict(kwargs or {})), pool, provenance
         self.restarts = Restarts(options)
+        self._kept: Path | None = None  # a directory keeping the first attempt's packed call for the next ones
         self.current = self._attempt()  # its source checked: impossible devices raise here, as for a Run
         self.on_attempt: Callable[[Run, str], None] | None = None
         self._ending = False  # a stop or kill: no attempt after this one
@@ -120,8 +125,9 @@ class RestartingRun:
     def _attempt(self) -> Run:
         fn, args, kwargs = self._call
         source = self.restarts.source(self._pool, give_up=lambda: self._ending)
+        packed = None if self._kept is None else (self._kept / "payload.pkl", self.current.packed[1])
         return Run(fn, args, kwargs, source, self.restarts.options, provenance=self._provenance,
-                   chunk_size=self.restarts.chunk_size)  # fmt: skip
+                   chunk_size=self.restarts.chunk_size, packed=packed)  # fmt: skip
 
     # -- as a Run ---------------------------------------------------------------------------------
     @property
@@ -165,8 +171,19 @@ class RestartingRun:
     def start(self) -> RestartingRun:
         """Start the first attempt and the thread that watches the attempts; returns at once."""
         self.current.start()
+        try:  # the call packed once: each next attempt ships the same payload (a hard link where it can)
+            self._kept = Path(tempfile.mkdtemp(prefix=".packed-", dir=self.current.run_dir.parent))
+            payload.place_packed(self.current.packed[0], self._kept / "payload.pkl")
+        except BaseException:
+            self.current.kill()
+            self._forget_packed()
+            raise
         threading.Thread(target=self._watch, name="flair_nbddp-restarts", daemon=True).start()
         return self
+
+    def _forget_packed(self) -> None:
+        if self._kept is not None:
+            shutil.rmtree(self._kept, ignore_errors=True)
 
     def stop(self) -> None:
         """Stop the current attempt gracefully (after the same batch on every rank); no attempt follows."""
@@ -213,6 +230,7 @@ class RestartingRun:
             self._result = result if result is not None else run.kill()
             self._result.error = self._result.error or error
         finally:
+            self._forget_packed()
             self._done.set()
 
     def _show(self, run: Run, line: str) -> None:

@@ -118,6 +118,8 @@ class Run:
         stop_notice: what an interrupt's graceful stop says it does.
         chunk_size: the ``mini_batch_chunk_size`` every flair training of the run uses instead of its own (a
             restart after running out of memory, ``on_oom="halve_chunk"``); None: theirs.
+        packed: the call as an earlier run packed it (a restart's first attempt: ``packed`` of that run, its
+            payload file kept by the caller while this run starts), put in place instead of packing it again.
 
     Raises:
         NotCallableError: ``fn`` is not callable.
@@ -135,6 +137,7 @@ class Run:
         stop_recycles: bool = True,
         stop_notice: str = "stopping after the current batch on every rank and saving the model",
         chunk_size: int | None = None,
+        packed: tuple[Path, payload.Packed] | None = None,
     ) -> None:
         if not callable(fn):
             raise NotCallableError(f"fn must be callable (a function to run on every rank), not {type(fn).__name__}")
@@ -157,6 +160,7 @@ class Run:
         self._recorder = RunRecorder(provenance, Ledger.default())
         self.stop_recycles, self.stop_notice = stop_recycles, stop_notice
         self.chunk_size = chunk_size
+        self.packed = packed  # the call's payload file and what it holds, once packed (given: packed earlier)
 
     @property
     def record_id(self) -> int | None:
@@ -232,7 +236,12 @@ class Run:
             preload, prepare = preload_for(args, kwargs), getattr(self.source, "prepare", None)
             if preload and prepare is not None:  # a corpus takes seconds to pack: new workers start meanwhile
                 prepare(self.dir, preload)
-            packed = payload.write_payload(self.dir.payload, fn, args, kwargs)
+            if self.packed is None:
+                packed = payload.write_payload(self.dir.payload, fn, args, kwargs)
+            else:  # a restart's attempt: what the first attempt packed
+                payload.place_packed(self.packed[0], self.dir.payload)
+                packed = self.packed[1]
+            self.packed = (self.dir.payload, packed)
             record = self._recorder.describe(self, fn, args, kwargs, packed.digests)
             point = None
             if self.options.resume is not None:  # refused here, before any worker takes the job

@@ -128,13 +128,19 @@ def test_ranks_sharing_a_gpu_say_so_once_and_the_ledger_records_it(source, capsy
     assert flair_nbddp.history(limit=1)[0].devices == "2 × cuda sharing GPU 0 (gloo)"
 
 
-def test_a_run_started_with_restarts_starts_again_when_a_rank_fails_and_lists_its_attempts(source, capsys):
+def test_a_run_started_with_restarts_starts_again_when_a_rank_fails_and_lists_its_attempts(source, capsys,
+                                                                                            monkeypatch):  # fmt: skip
+    packing = []
+    monkeypatch.setattr(payload, "write_payload", lambda *call, pack=payload.write_payload: packing.append(1) or
+                        pack(*call))  # fmt: skip
     run = RestartingRun(double, (21,), {}, RunOptions(max_restarts=1), source, None).start()
     first = run.current
     for rank, sender in enumerate(source.ranks.ranks):
         sender.send(Started(rank, pid=100 + rank, device="cpu"))
     source.ranks.ranks[1].send(Failed(1, "RuntimeError", "rank 1 failed", "Traceback (most recent call last): ..."))
-    wait_for(lambda: len(source.jobs) == 2, 10, "the second attempt")  # the same call, packed again
+    wait_for(lambda: len(source.jobs) == 2, 10, "the second attempt")  # the same call, not packed again
+    assert len(packing) == 1 and payload.read_payload(source.jobs[1].payload)[1] == (21,)
+    kept = list(first.run_dir.parent.glob(".packed-*"))
     assert run.current is not first and not first.active and run.active
     finish(source, 42)
     result = run.wait(timeout=10)
@@ -142,6 +148,7 @@ def test_a_run_started_with_restarts_starts_again_when_a_rank_fails_and_lists_it
     assert [attempt.status for attempt in result.attempts] == ["failed", "finished"]
     assert isinstance(result.attempts[0].error, WorkerError) and result.attempts[0].error.rank == 1
     assert "rank 1 failed (RuntimeError); restart 1 of 1 from the start" in capsys.readouterr().out
+    assert kept and not any(path.exists() for path in kept)  # the kept payload goes with the run
 
 
 def test_an_interrupted_run_with_restarts_stops_and_is_not_started_again(source, capsys):

@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import io
 import os
+import shutil
 import sys
 import threading
 import types
@@ -352,6 +353,27 @@ def write_payload(path: str | os.PathLike, fn: Callable, args: tuple, kwargs: di
         raise ShippingError(_describe_failure(fn, tuple(args), dict(kwargs), error)) from error
     _write_or_explain(path, data, "the run's payload")
     return Packed(len(data), digests)
+
+
+def place_packed(packed_file: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Put a payload :func:`write_payload` wrote earlier (another run's, kept) at ``path``, nothing packed again: a
+    hard link where the file system allows, else a copy.
+
+    Raises:
+        PayloadWriteError: it cannot be placed (e.g. the disk is full); the message names both paths.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    try:
+        os.link(packed_file, path)
+    except OSError:
+        try:
+            shutil.copyfile(packed_file, path)
+            os.chmod(path, 0o600)
+        except OSError as error:
+            raise PayloadWriteError(
+                error.errno, f"cannot put the packed call {packed_file} at {path}: {error.strerror}"
+            ) from error
 
 
 def _write_or_explain(path: str | os.PathLike, data: bytes, what: str) -> None:
