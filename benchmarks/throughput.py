@@ -6,7 +6,8 @@
 
 On CPU (``--device cpu``) flair's and accelerate's launchers get the same CPU bend as the kit's workers
 (gloo, CPU DDP); everything else is identical. The kit's launchers run with every default (inputs built once
-included); ``--no-fast-inputs`` gives them flair's own input building, ``--precision bf16`` bfloat16 autocast.
+included); ``--no-fast-inputs`` gives them flair's own input building, ``--precision bf16`` bfloat16 autocast,
+``--no-lazy-corpus`` every sentence built in the workers up front (as flair's script has them).
 ``--epochs 3`` shows what building the inputs once saves after the first epoch.
 
 * ``kit`` runs the job the notebook way: a training function defined in a file-less ``__main__``
@@ -180,7 +181,7 @@ pool = flair_nbddp.WorkerPool({processes}, {device!r}).warm_up() if {warm} else 
 time.sleep(BETWEEN_CELLS_S if {warm} else 0.0)    # ...and this cell run a moment later
 result = flair_nbddp.launch(
     main, args=(corpus, time.time()), device={device!r}, processes={processes}, dashboard=False, pool=pool,
-    fast_inputs={fast_inputs}, precision={precision!r},
+    fast_inputs={fast_inputs}, precision={precision!r}, lazy_corpus={lazy_corpus},
 )
 if pool is not None:
     pool.close()
@@ -250,7 +251,7 @@ def run_job(args) -> dict:
     fields = dict(
         here=str(HERE), docs=args.docs, model=args.model, base=args.base, batch=args.batch, chunk=args.chunk,
         epochs=args.epochs, device=args.device, processes=args.processes, warm=args.launcher == "kit-pool",
-        fast_inputs=not args.no_fast_inputs, precision=args.precision,
+        fast_inputs=not args.no_fast_inputs, precision=args.precision, lazy_corpus=not args.no_lazy_corpus,
     )
     if args.launcher in ("kit", "kit-pool"):
         command = [sys.executable, "-c", KIT_PROGRAM.format(**fields)]
@@ -285,6 +286,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--no-fast-inputs", action="store_true", help="kit launchers: flair's own input building")
+    parser.add_argument("--no-lazy-corpus", action="store_true", help="kit launchers: every sentence built up front")
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32", help="kit launchers only")
     parser.add_argument("--workdir", default="/tmp/flair_nbddp-bench")
     parser.add_argument("--json", default=None, help="also write the figures to this file")

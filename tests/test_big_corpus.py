@@ -51,7 +51,7 @@ def test_worker_memory_stays_flat_with_4000_documents():
     for docs in (1000, 4000):
         corpus = sentiment_corpus(n_train=docs, n_dev=10, n_test=10, words=(200, 260), seed=0)
         with WorkerPool(2, "cpu") as fresh:  # fresh workers per size: a peak is a high-water mark
-            value = fresh.launch_distributed(peak_memory_after_reading, corpus)
+            value = fresh.launch(peak_memory_after_reading, (corpus,), lazy_corpus=True, dashboard=False).value
         assert value["tokens"] == 2 * sum(len(sentence) for sentence in corpus.train)
         assert value["labels"] == ["NEGATIVE", "POSITIVE"] or value["labels"] == ["POSITIVE", "NEGATIVE"]
         peaks[docs] = value["peak_bytes"]

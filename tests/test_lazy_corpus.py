@@ -208,11 +208,17 @@ def test_a_lazy_corpus_holds_what_is_read_not_the_corpus():
     assert growth_per_1000 < 1e6, f"{growth_per_1000 / 1e6:.2f} MB more per 1,000 documents read"
 
 
-def test_read_payload_keeps_corpora_lazy_only_when_asked(tmp_path, sentiment):
+def test_read_payload_keeps_corpora_lazy_when_asked_or_when_large(tmp_path, sentiment, monkeypatch):
+    from flair_nbddp.wire import lazy_corpus
+
     path = tmp_path / "payload.pkl"
     payload.write_payload(path, len, (sentiment,), {})
     assert type(payload.read_payload(path)[1][0].train.datapoints) is list
     assert type(payload.read_payload(path, lazy_corpus=True)[1][0].train.datapoints) is LazyDataPoints
+    assert type(payload.read_payload(path, lazy_corpus=None)[1][0].train.datapoints) is list  # small: built
+    tokens = codec.token_count(codec.encode(sentiment))
+    monkeypatch.setattr(lazy_corpus, "BUILD_UP_TO_BYTES", tokens * lazy_corpus.BUILT_BYTES_PER_TOKEN - 1)
+    assert type(payload.read_payload(path, lazy_corpus=None)[1][0].train.datapoints) is LazyDataPoints
 
 
 # -- objects put on a pool ----------------------------------------------------------------------------------

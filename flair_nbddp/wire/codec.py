@@ -639,17 +639,34 @@ class _Stream:
         self.label = labels
 
 
+def _read_header(data: bytes) -> tuple[dict, int]:
+    """The header of bytes :func:`encode` wrote, and where its sections begin."""
+    if not data.startswith(_MAGIC):
+        raise ConfigurationError("these bytes were not written by this version of flair_nbddp.wire.codec.encode")
+    (length,) = _LENGTH.unpack_from(data, len(_MAGIC))
+    offset = len(_MAGIC) + _LENGTH.size
+    return json.loads(data[offset : offset + length]), offset + length
+
+
+def token_count(data: bytes) -> int:
+    """How many tokens the sentences encoded in ``data`` have, all together (read from the header alone).
+
+    Example:
+        >>> from flair.datasets import FlairDatapointDataset
+        >>> from flair.data import Sentence
+        >>> token_count(encode(FlairDatapointDataset([Sentence("a b c"), Sentence("d e")])))
+        5
+    """
+    header, _ = _read_header(data)
+    return next(size // np.dtype(dtype).itemsize for name, dtype, size in header["sections"] if name == "forms")
+
+
 class _Decoder:
     """Reads the sections and rebuilds any one sentence or pair on its own; :meth:`decode` rebuilds them all
     and the object around them. Random access is what a lazy corpus (:mod:`flair_nbddp.wire.lazy_corpus`) needs."""
 
     def __init__(self, data: bytes) -> None:
-        if not data.startswith(_MAGIC):
-            raise ConfigurationError("these bytes were not written by this version of flair_nbddp.wire.codec.encode")
-        (length,) = _LENGTH.unpack_from(data, len(_MAGIC))
-        offset = len(_MAGIC) + _LENGTH.size
-        self.header = header = json.loads(data[offset : offset + length])
-        offset += length
+        self.header, offset = header, offset = _read_header(data)
         view = memoryview(data)
         self.sections: dict[str, Any] = {}
         for name, dtype, size in header["sections"]:

@@ -61,7 +61,7 @@ class Job:
     seed: int
     run_dir: str
     distributed_eval: bool = True
-    lazy_corpus: bool = True
+    lazy_corpus: bool | None = None
     fast_inputs: bool = True
     precision: str = "fp32"
     resume: str = ""  # a checkpoint its first training continues from ("": none), and the file's sha256

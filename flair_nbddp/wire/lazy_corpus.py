@@ -43,9 +43,10 @@ from typing import Any, Callable
 import numpy as np
 from torch.utils.data import Dataset
 
+from . import codec
 from .codec import _Decoder
 
-__all__ = ["LazyDataPoints", "decode_lazy", "keep_stored_embeddings"]
+__all__ = ["LazyDataPoints", "decode_lazy", "keep_stored_embeddings", "stays_compact"]
 
 # each built sentence or pair -> (its source, table, index), so that flair's store_embeddings can keep it
 _ORIGINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -158,6 +159,24 @@ class LazyDataPoints(Sequence):
 
     def __repr__(self) -> str:
         return f"<LazyDataPoints: {len(self)} items, built when read>"
+
+
+BUILT_BYTES_PER_TOKEN = 500  # a built Token with its share of its sentence (tracemalloc: 454-472 bytes)
+BUILD_UP_TO_BYTES = 1 << 30  # lazy_corpus=None: a corpus whose built form fits this in a worker is built
+
+
+def stays_compact(data: bytes) -> bool:
+    """The choice of ``lazy_corpus=None`` for one encoded corpus: lazy if its sentences, built, would take more than
+    :data:`BUILD_UP_TO_BYTES` (1 GiB) of a worker's memory (about 9,000 IMDB-length reviews), else built up front,
+    as flair's own script has them: no sentence is built again in every epoch on the training's thread.
+
+    Example:
+        >>> from flair_nbddp.wire import codec
+        >>> from flair_nbddp.synthetic import sentiment_corpus
+        >>> stays_compact(codec.encode(sentiment_corpus(n_train=50, n_dev=5, n_test=5)))
+        False
+    """
+    return codec.token_count(data) * BUILT_BYTES_PER_TOKEN > BUILD_UP_TO_BYTES
 
 
 def decode_lazy(data: bytes) -> Any:

@@ -109,7 +109,7 @@ def _model_bytes(model: Any) -> bytes:
 
 
 _MODELS_TO_NOTEBOOK = threading.local()  # set while the parent reads a result: models land on CPU there
-_LAZY_CORPORA = threading.local()  # set while a worker reads a payload whose job keeps corpora lazy
+_LAZY_CORPORA = threading.local()  # set while a worker reads a payload: its job's lazy_corpus (True, False, None)
 
 
 def rebuild_model(model_class: type, data: bytes) -> Any:
@@ -149,10 +149,12 @@ def rebuild_corpus(data: bytes, digest: str) -> Any:
             f"{digest[:12]}): the run's payload file was changed or damaged while the run started. Launch again; "
             "if it recurs, check the disk of the run directory."
         )
-    if getattr(_LAZY_CORPORA, "active", False):
-        from .lazy_corpus import decode_lazy
+    lazy = getattr(_LAZY_CORPORA, "active", False)
+    if lazy is not False:
+        from .lazy_corpus import decode_lazy, stays_compact
 
-        return decode_lazy(data)
+        if lazy or stays_compact(data):  # None: lazy if it is large
+            return decode_lazy(data)
     return codec.decode(data)
 
 
@@ -406,9 +408,10 @@ def loads(data: bytes) -> Any:
     return cloudpickle.loads(data)
 
 
-def read_payload(path: str | os.PathLike, lazy_corpus: bool = False) -> tuple[Callable, tuple, dict]:
+def read_payload(path: str | os.PathLike, lazy_corpus: bool | None = False) -> tuple[Callable, tuple, dict]:
     """Unpack what :func:`write_payload` wrote: ``(fn, args, kwargs)``; ``lazy_corpus``: flair corpora in it stay
-    compact until read (:func:`flair_nbddp.wire.lazy_corpus.decode_lazy`)."""
+    compact until read (:func:`flair_nbddp.wire.lazy_corpus.decode_lazy`); None: those that are large
+    (:func:`flair_nbddp.wire.lazy_corpus.stays_compact`)."""
     return _load_file(path, _LAZY_CORPORA, lazy_corpus)
 
 
@@ -442,13 +445,13 @@ def read_value(data: bytes) -> Any:
     return _with_flag(_MODELS_TO_NOTEBOOK, True, lambda: cloudpickle.loads(data))
 
 
-def _load_file(path: str | os.PathLike, flag: threading.local, active: bool) -> Any:
+def _load_file(path: str | os.PathLike, flag: threading.local, active: bool | None) -> Any:
     """Unpack the file at ``path`` with ``flag.active`` set to ``active`` meanwhile (read by the rebuilders)."""
     with open(path, "rb") as handle:
         return _with_flag(flag, active, lambda: cloudpickle.load(handle))
 
 
-def _with_flag(flag: threading.local, active: bool, load: Callable[[], Any]) -> Any:
+def _with_flag(flag: threading.local, active: bool | None, load: Callable[[], Any]) -> Any:
     flag.active = active
     try:
         return load()
