@@ -9,8 +9,9 @@ down to 1, besides. A stop, an interrupt and a ``timeout`` are never restarted. 
 takes the workers still there, or new ones that join within ``restart_timeout`` seconds.
 
 :func:`flair_nbddp.launch` applies it while it waits (:mod:`flair_nbddp.watch`); :class:`RestartingRun` is what
-:func:`flair_nbddp.start` returns when restarts are asked for: a thread waits for each attempt and starts the next,
-which ships the call the first attempt packed (its payload file, kept until the run ends: a corpus is packed once).
+:func:`flair_nbddp.start` returns when restarts are asked for: a thread waits for each attempt and starts the next.
+Either way every attempt ships the call the first one packed (:meth:`Restarts.attempt`: its payload file, kept until
+the run ends), so a corpus is packed once.
 
 Example::
 
@@ -35,7 +36,8 @@ from .errors import ClusterError, OutOfMemoryError, RunHangError, WorkerError, d
 from .options import RunOptions
 from .result import Attempt, RunResult
 from .run import Run, wait_for_end
-from .wire import payload
+from .rundir import runs_root
+from .wire.payload import SharedPayload
 from .worker_source import WorkerSource, source_for
 
 RESTART_POLL_SECONDS = 1.0  # how often a restart on a cluster looks for enough Dask workers
@@ -53,6 +55,28 @@ class Restarts:
         self._restarts = 0
         self._resumed_from_epoch = 0
         self._where = "the start"
+        self.payload: SharedPayload | None = None  # the call as the first attempt packed it, for the next ones
+
+    def attempt(
+        self, fn: Callable, args: tuple, kwargs: dict, pool: WorkerSource | None, provenance: Any,
+        give_up: Callable[[], bool] = lambda: False,
+    ) -> Run:  # fmt: skip
+        """The next attempt, not started: on :meth:`source`'s ranks, with the options and chunk size decided so far,
+        shipping the call the first attempt packed (a corpus is packed once)."""
+        source = self.source(pool, give_up)
+        if self.payload is None and (self.options.max_restarts or self.options.on_oom == "halve_chunk"):
+            self.payload = SharedPayload(Path(tempfile.mkdtemp(prefix="packed-", dir=runs_root())) / "payload.pkl")
+        try:
+            return Run(fn, args, kwargs, source, self.options, provenance=provenance, chunk_size=self.chunk_size,
+                       shared_payload=self.payload)  # fmt: skip
+        except BaseException:  # no attempt: the run ends here
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """The run has ended: drop the packed call kept for its attempts."""
+        if self.payload is not None:
+            shutil.rmtree(self.payload.path.parent, ignore_errors=True)
 
     def after(self, error: WorkerError | RunHangError, failed: RunResult) -> str | None:
         """Record ``failed``, an attempt that ended with ``error``; the line saying how the run starts again, or
@@ -114,7 +138,6 @@ class RestartingRun:
     ) -> None:  # fmt: skip
         self._call, self._pool, self._provenance = (fn, tuple(args), dict(kwargs or {})), pool, provenance
         self.restarts = Restarts(options)
-        self._kept: Path | None = None  # a directory keeping the first attempt's packed call for the next ones
         self.current = self._attempt()  # its source checked: impossible devices raise here, as for a Run
         self.on_attempt: Callable[[Run, str], None] | None = None
         self._ending = False  # a stop or kill: no attempt after this one
@@ -124,10 +147,7 @@ class RestartingRun:
 
     def _attempt(self) -> Run:
         fn, args, kwargs = self._call
-        source = self.restarts.source(self._pool, give_up=lambda: self._ending)
-        packed = None if self._kept is None else (self._kept / "payload.pkl", self.current.packed[1])
-        return Run(fn, args, kwargs, source, self.restarts.options, provenance=self._provenance,
-                   chunk_size=self.restarts.chunk_size, packed=packed)  # fmt: skip
+        return self.restarts.attempt(fn, args, kwargs, self._pool, self._provenance, give_up=lambda: self._ending)
 
     # -- as a Run ---------------------------------------------------------------------------------
     @property
@@ -170,20 +190,13 @@ class RestartingRun:
 
     def start(self) -> RestartingRun:
         """Start the first attempt and the thread that watches the attempts; returns at once."""
-        self.current.start()
-        try:  # the call packed once: each next attempt ships the same payload (a hard link where it can)
-            self._kept = Path(tempfile.mkdtemp(prefix=".packed-", dir=self.current.run_dir.parent))
-            payload.place_packed(self.current.packed[0], self._kept / "payload.pkl")
+        try:
+            self.current.start()
         except BaseException:
-            self.current.kill()
-            self._forget_packed()
+            self.restarts.close()
             raise
         threading.Thread(target=self._watch, name="flair_nbddp-restarts", daemon=True).start()
         return self
-
-    def _forget_packed(self) -> None:
-        if self._kept is not None:
-            shutil.rmtree(self._kept, ignore_errors=True)
 
     def stop(self) -> None:
         """Stop the current attempt gracefully (after the same batch on every rank); no attempt follows."""
@@ -230,7 +243,7 @@ class RestartingRun:
             self._result = result if result is not None else run.kill()
             self._result.error = self._result.error or error
         finally:
-            self._forget_packed()
+            self.restarts.close()
             self._done.set()
 
     def _show(self, run: Run, line: str) -> None:

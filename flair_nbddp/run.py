@@ -118,8 +118,8 @@ class Run:
         stop_notice: what an interrupt's graceful stop says it does.
         chunk_size: the ``mini_batch_chunk_size`` every flair training of the run uses instead of its own (a
             restart after running out of memory, ``on_oom="halve_chunk"``); None: theirs.
-        packed: the call as an earlier run packed it (a restart's first attempt: ``packed`` of that run, its
-            payload file kept by the caller while this run starts), put in place instead of packing it again.
+        shared_payload: the call packed once for several runs (a restart's attempts,
+            :class:`~flair_nbddp.restarts.Restarts`): this run ships it if it was packed, else packs it there.
 
     Raises:
         NotCallableError: ``fn`` is not callable.
@@ -137,7 +137,7 @@ class Run:
         stop_recycles: bool = True,
         stop_notice: str = "stopping after the current batch on every rank and saving the model",
         chunk_size: int | None = None,
-        packed: tuple[Path, payload.Packed] | None = None,
+        shared_payload: payload.SharedPayload | None = None,
     ) -> None:
         if not callable(fn):
             raise NotCallableError(f"fn must be callable (a function to run on every rank), not {type(fn).__name__}")
@@ -160,7 +160,7 @@ class Run:
         self._recorder = RunRecorder(provenance, Ledger.default())
         self.stop_recycles, self.stop_notice = stop_recycles, stop_notice
         self.chunk_size = chunk_size
-        self.packed = packed  # the call's payload file and what it holds, once packed (given: packed earlier)
+        self.shared_payload = shared_payload
 
     @property
     def record_id(self) -> int | None:
@@ -236,12 +236,15 @@ class Run:
             preload, prepare = preload_for(args, kwargs), getattr(self.source, "prepare", None)
             if preload and prepare is not None:  # a corpus takes seconds to pack: new workers start meanwhile
                 prepare(self.dir, preload)
-            if self.packed is None:
+            shared = self.shared_payload
+            if shared is not None and shared.packed is not None:  # a restart's attempt: what the first one packed
+                payload.place_packed(shared.path, self.dir.payload)
+                packed = shared.packed
+            else:
                 packed = payload.write_payload(self.dir.payload, fn, args, kwargs)
-            else:  # a restart's attempt: what the first attempt packed
-                payload.place_packed(self.packed[0], self.dir.payload)
-                packed = self.packed[1]
-            self.packed = (self.dir.payload, packed)
+                if shared is not None:
+                    payload.place_packed(self.dir.payload, shared.path)
+                    shared.packed = packed
             record = self._recorder.describe(self, fn, args, kwargs, packed.digests)
             point = None
             if self.options.resume is not None:  # refused here, before any worker takes the job

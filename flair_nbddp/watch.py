@@ -50,20 +50,22 @@ def launch_and_watch(
     whose rank failed or hung starts again as :class:`~flair_nbddp.restarts.Restarts` decides (``max_restarts``,
     ``on_oom``), each attempt shown and recorded, the last error raised once they are spent."""
     restarts = Restarts(options)
-    while True:
-        run = Run(fn, args, kwargs or {}, restarts.source(pool), restarts.options, provenance=provenance,
-                  chunk_size=restarts.chunk_size)  # fmt: skip
-        try:
-            result = watch(run, options.dashboard)
-        except RESTARTABLE as error:
-            if error.result is None:  # it never started: nothing to restart
-                raise
-            line = restarts.after(error, error.result)
-            if line is None:
-                raise
-            print(f"flair_nbddp: {line}", flush=True)
-            continue
-        return restarts.finished(result)
+    try:
+        while True:
+            run = restarts.attempt(fn, args, kwargs or {}, pool, provenance)
+            try:
+                result = watch(run, options.dashboard)
+            except RESTARTABLE as error:
+                if error.result is None:  # it never started: nothing to restart
+                    raise
+                line = restarts.after(error, error.result)
+                if line is None:
+                    raise
+                print(f"flair_nbddp: {line}", flush=True)
+                continue
+            return restarts.finished(result)
+    finally:
+        restarts.close()
 
 
 def watch(run: Run, dashboard: bool | None = None) -> RunResult:

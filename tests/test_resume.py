@@ -180,10 +180,15 @@ def test_a_ledger_an_earlier_version_wrote_gets_the_new_columns(tmp_path):
 
 @pytest.mark.process
 def test_a_rank_killed_in_epoch_3_is_restarted_from_its_last_checkpoint_and_the_run_ends_as_the_uninterrupted_one(
-    whole, warm_pool, tiny_model_path, tmp_path, capsys
+    whole, warm_pool, tiny_model_path, tmp_path, capsys, monkeypatch
 ):
+    from flair_nbddp.wire import payload
+
     corpus = sentiment_corpus(**CORPUS)
     marker = tmp_path / "kill"
+    packing = []
+    monkeypatch.setattr(payload, "write_payload", lambda *call, pack=payload.write_payload: packing.append(1) or
+                        pack(*call))  # fmt: skip
 
     def args(name: str) -> tuple:
         return (corpus, tiny_model_path, str(tmp_path / name), str(marker), "kill")
@@ -191,7 +196,7 @@ def test_a_rank_killed_in_epoch_3_is_restarted_from_its_last_checkpoint_and_the_
     marker.touch()  # 4 batches an epoch: checkpoints every 3 steps, the last before the kill 1 batch into epoch 3
     result = warm_pool.launch(fine_tune_failing_once, args("restarted"), seed=11, dashboard=False, max_restarts=1,
                               checkpoint_every=3)  # fmt: skip
-    assert result.status == "finished"
+    assert result.status == "finished" and len(packing) == 1  # the corpus packed once for both attempts
     first, last = result.attempts
     assert isinstance(first.error, WorkerError) and first.error.exit_code == -9 and first.status == "failed"
     assert (last.error, last.status, last.resumed_from_epoch, last.record_id) == (None, "finished", 2, result.record_id)

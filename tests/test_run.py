@@ -1,6 +1,7 @@
 """A Run on a worker source of the test's own (no processes): the protocol, the defects it had, its limits."""
 
 import _thread
+import os
 import socket
 import threading
 import time
@@ -140,7 +141,8 @@ def test_a_run_started_with_restarts_starts_again_when_a_rank_fails_and_lists_it
     source.ranks.ranks[1].send(Failed(1, "RuntimeError", "rank 1 failed", "Traceback (most recent call last): ..."))
     wait_for(lambda: len(source.jobs) == 2, 10, "the second attempt")  # the same call, not packed again
     assert len(packing) == 1 and payload.read_payload(source.jobs[1].payload)[1] == (21,)
-    kept = list(first.run_dir.parent.glob(".packed-*"))
+    kept = run.restarts.payload.path
+    assert kept.is_file() and os.path.samefile(kept, source.jobs[1].payload)  # the same file, linked
     assert run.current is not first and not first.active and run.active
     finish(source, 42)
     result = run.wait(timeout=10)
@@ -148,7 +150,7 @@ def test_a_run_started_with_restarts_starts_again_when_a_rank_fails_and_lists_it
     assert [attempt.status for attempt in result.attempts] == ["failed", "finished"]
     assert isinstance(result.attempts[0].error, WorkerError) and result.attempts[0].error.rank == 1
     assert "rank 1 failed (RuntimeError); restart 1 of 1 from the start" in capsys.readouterr().out
-    assert kept and not any(path.exists() for path in kept)  # the kept payload goes with the run
+    assert not kept.parent.exists()  # the kept payload goes with the run
 
 
 def test_an_interrupted_run_with_restarts_stops_and_is_not_started_again(source, capsys):

@@ -32,6 +32,8 @@ import sys
 import threading
 import types
 import warnings
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import cloudpickle
@@ -357,9 +359,18 @@ def write_payload(path: str | os.PathLike, fn: Callable, args: tuple, kwargs: di
     return Packed(len(data), digests)
 
 
+@dataclass
+class SharedPayload:
+    """A call packed once for several runs (the attempts of a run that restarts): the file kept for them, and what it
+    holds (None until the first run packed it). :class:`~flair_nbddp.run.Run` packs into it, or ships it."""
+
+    path: Path
+    packed: Packed | None = None
+
+
 def place_packed(packed_file: str | os.PathLike, path: str | os.PathLike) -> None:
-    """Put a payload :func:`write_payload` wrote earlier (another run's, kept) at ``path``, nothing packed again: a
-    hard link where the file system allows, else a copy.
+    """Put a payload :func:`write_payload` wrote at ``path`` too, nothing packed again: a hard link where the file
+    system allows, else a copy.
 
     Raises:
         PayloadWriteError: it cannot be placed (e.g. the disk is full); the message names both paths.
