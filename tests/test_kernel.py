@@ -38,10 +38,18 @@ def probe(kernel) -> tuple[int, ...]:
     return tuple(int(x) for x in out.split("PROBE", 1)[1].split())
 
 
-@pytest.fixture
-def kernel():
+@pytest.fixture(scope="module")
+def shared_kernel():
     with running_kernel(env={"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}) as kernel:
         yield kernel
+
+
+@pytest.fixture
+def kernel(shared_kernel):
+    """The module's kernel (a start and flair's import, once), the widgets of earlier tests forgotten: each test
+    sees those its own cells make; each test leaves no worker behind (its probes say so)."""
+    shared_kernel.widgets.clear()
+    return shared_kernel
 
 
 def _ok(result):
