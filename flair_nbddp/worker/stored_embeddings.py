@@ -52,7 +52,7 @@ def collect(corpus: Any, names: frozenset[str]) -> dict[tuple, dict]:
         held = {
             place: {name: vector.detach().to("cpu", copy=True) for name, vector in part._embeddings.items()
                     if name in names}
-            for place, part in _parts(point)
+            for place, part in _parts(point, every_token=False)
         }  # fmt: skip
         held = {place: vectors for place, vectors in held.items() if vectors}
         if held:
@@ -87,17 +87,20 @@ def _points(corpus: Any) -> Iterator[tuple[tuple, Any]]:
                 yield (split_name, position), split[position]
 
 
-def _parts(point: Any) -> Iterator[tuple[tuple, Any]]:
+def _parts(point: Any, every_token: bool = True) -> Iterator[tuple[tuple, Any]]:
     """The parts of a data point that hold embeddings, each with its place in the point: a sentence, its tokens;
-    a pair's members (and the pair as one sentence)."""
+    a pair's members (and the pair as one sentence). ``every_token=False``: a sentence's tokens only if its first
+    holds an embedding (an embedding embeds every token of a sentence at once; flair's own
+    ``identify_dynamic_embeddings`` looks at the first token too), so a corpus without any costs a look a sentence."""
     if hasattr(point, "tokens"):
         yield (), point
-        for index, token in enumerate(point.tokens):
-            yield (index,), token
+        if every_token or (point.tokens and point.tokens[0]._embeddings):
+            for index, token in enumerate(point.tokens):
+                yield (index,), token
         return
     yield ("pair",), point
     for member in ("first", "second", "third", "concatenated_data"):
         sentence = getattr(point, member, None)
         if sentence is not None:
-            for place, part in _parts(sentence):
+            for place, part in _parts(sentence, every_token):
                 yield (member, *place), part
