@@ -61,6 +61,11 @@ class Claim:
         """What a run on these Dask workers (their addresses) holds."""
         return cls(units=frozenset(DASK_WORKER + address for address in workers))
 
+    @property
+    def workers(self) -> frozenset[str]:
+        """The addresses of the Dask workers it holds."""
+        return frozenset(unit.removeprefix(DASK_WORKER) for unit in self.units if unit.startswith(DASK_WORKER))
+
 
 class Holdings:
     """The claims of the active runs of one process: taken as a run starts, given back as it ends."""
@@ -95,7 +100,7 @@ class Holdings:
 
     def workers_held(self) -> frozenset[str]:
         """The addresses of the Dask workers runs hold now."""
-        return frozenset(unit.removeprefix(DASK_WORKER) for unit in self.units_held() if unit.startswith(DASK_WORKER))
+        return Claim(units=self.units_held()).workers
 
 
 def _conflict(claim: Claim, others: list[tuple[str, Claim]]) -> str | None:

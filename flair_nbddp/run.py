@@ -236,15 +236,9 @@ class Run:
             preload, prepare = preload_for(args, kwargs), getattr(self.source, "prepare", None)
             if preload and prepare is not None:  # a corpus takes seconds to pack: new workers start meanwhile
                 prepare(self.dir, preload)
-            shared = self.shared_payload
-            if shared is not None and shared.packed is not None:  # a restart's attempt: what the first one packed
-                payload.place_packed(shared.path, self.dir.payload)
-                packed = shared.packed
-            else:
-                packed = payload.write_payload(self.dir.payload, fn, args, kwargs)
-                if shared is not None:
-                    payload.place_packed(self.dir.payload, shared.path)
-                    shared.packed = packed
+            # a restart's attempt ships what its first attempt packed
+            write = payload.write_payload if self.shared_payload is None else self.shared_payload.write
+            packed = write(self.dir.payload, fn, args, kwargs)
             record = self._recorder.describe(self, fn, args, kwargs, packed.digests)
             point = None
             if self.options.resume is not None:  # refused here, before any worker takes the job

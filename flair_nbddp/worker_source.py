@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from .claims import DASK_WORKER, HOLDINGS, Claim
+from .claims import HOLDINGS, Claim
 from .devices import DevicePlan, resolve_devices
 from .errors import ConfigurationError, DeviceError
 from .local_ranks import TERMINATE_GRACE_SECONDS, WorkerGroup
@@ -173,8 +173,7 @@ def left_the_cluster(cluster: Any, claim: Claim) -> list[str]:
     """The addresses of the Dask workers ``claim`` holds that are no longer in ``cluster`` (a lost node), sorted."""
     from .cluster.client import connect, departed
 
-    placed = [unit.removeprefix(DASK_WORKER) for unit in claim.units if unit.startswith(DASK_WORKER)]
-    return departed(connect(cluster), placed) if placed else []
+    return departed(connect(cluster), claim.workers) if claim.workers else []
 
 
 def source_for(options: RunOptions, pool: WorkerSource | None) -> WorkerSource:

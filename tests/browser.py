@@ -10,12 +10,10 @@ cell and take screenshots.
 
 Example::
 
-    from browser import lab, page, open_notebook, run_all_cells
+    from browser import lab, page, run_notebook
 
     def test_prints(lab, page):
-        lab.write_notebook("hello", ["print('hi')"])
-        open_notebook(page, lab, "hello")
-        run_all_cells(page)
+        run_notebook(page, lab, "hello", ["print('hi')"])
         page.wait_for_selector("text=hi")
 """
 
@@ -235,6 +233,13 @@ def run_all_cells(page: Page) -> None:
     """Run every cell of the current notebook (the menu's Run ▸ Run All Cells); returns at once."""
     # not awaited: the command's promise settles only when the last cell has run
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+
+
+def run_notebook(page: Page, lab: JupyterLab, name: str, cells: list[str]) -> None:
+    """Write ``<name>.ipynb`` with ``cells``, open it and run every cell; returns once the cells are started."""
+    lab.write_notebook(name, cells)
+    open_notebook(page, lab, name)
+    run_all_cells(page)
 
 
 def save_notebook(page: Page) -> None:

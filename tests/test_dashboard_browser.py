@@ -7,9 +7,8 @@ import pytest
 from browser import (  # noqa: F401 - fixtures
     lab,
     needs_browser,
-    open_notebook,
     page,
-    run_all_cells,
+    run_notebook,
     save_notebook,
     screenshot,
 )
@@ -47,9 +46,7 @@ def _progress_until_finished(page, timeout: float) -> list[float]:
 @needs_browser
 @pytest.mark.browser
 def test_dashboard_renders_advances_and_finishes_in_jupyterlab(lab, page):
-    lab.write_notebook("train", [SETUP_CELL, TRAIN_CELL])
-    open_notebook(page, lab, "train")
-    run_all_cells(page)
+    run_notebook(page, lab, "train", [SETUP_CELL, TRAIN_CELL])
     page.wait_for_selector(".nbddp-dashboard", timeout=60_000)
 
     seen = _progress_until_finished(page, timeout=90)

@@ -3,7 +3,7 @@
 import time
 
 import pytest
-from browser import lab, needs_browser, open_notebook, page, run_all_cells, screenshot, workers_under  # noqa: F401 - fixtures
+from browser import lab, needs_browser, page, run_notebook, screenshot, workers_under  # noqa: F401 - fixtures
 
 PANEL_CELL = """\
 from flair_nbddp.notebook.panel import TrainingPanel
@@ -34,9 +34,7 @@ def _progress_until(page, percent: float, timeout: float) -> list[float]:
 @needs_browser
 @pytest.mark.browser
 def test_train_and_stop_clicked_in_jupyterlab(lab, page):
-    lab.write_notebook("panel", [PANEL_CELL])
-    open_notebook(page, lab, "panel")
-    run_all_cells(page)
+    run_notebook(page, lab, "panel", [PANEL_CELL])
     page.wait_for_selector(".nbddp-panel-status:has-text('ready')", timeout=90_000)
     screenshot(page, "panel-ready", ".nbddp-panel")
 

@@ -2,7 +2,7 @@
 own output one click away. A module of its own: a JupyterLab of its own, with no other notebook's tabs."""
 
 import pytest
-from browser import lab, needs_browser, open_notebook, page, run_all_cells, screenshot  # noqa: F401 - fixtures
+from browser import lab, needs_browser, page, run_notebook, screenshot  # noqa: F401 - fixtures
 
 SPEAKING_CELLS = ["""\
 import flair_nbddp
@@ -26,9 +26,7 @@ def _visible_text(page, selector: str) -> str:
 @needs_browser
 @pytest.mark.browser
 def test_the_per_rank_view_switches_to_one_ranks_own_output(lab, page):
-    lab.write_notebook("ranks", SPEAKING_CELLS)
-    open_notebook(page, lab, "ranks")
-    run_all_cells(page)
+    run_notebook(page, lab, "ranks", SPEAKING_CELLS)
     page.wait_for_function(
         f"() => /finished|failed/.test(({VISIBLE.format('.nbddp-status')} || {{innerText: ''}}).innerText)",
         timeout=120_000,

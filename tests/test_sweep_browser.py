@@ -2,7 +2,7 @@
 both trials stopped with their models, nothing left running."""
 
 import pytest
-from browser import lab, needs_browser, open_notebook, page, run_all_cells, screenshot, workers_under  # noqa: F401 - fixtures
+from browser import lab, needs_browser, page, run_notebook, screenshot, workers_under  # noqa: F401 - fixtures
 
 SWEEP_CELL = """\
 import optuna
@@ -28,9 +28,7 @@ result = flair_nbddp.sweep(train, (corpus,), space=space, n_trials=4, device="cp
 @needs_browser
 @pytest.mark.browser
 def test_the_sweep_widget_shows_trials_side_by_side_and_its_stop_button_ends_the_sweep(lab, page):
-    lab.write_notebook("sweep", [SWEEP_CELL])
-    open_notebook(page, lab, "sweep")
-    run_all_cells(page)
+    run_notebook(page, lab, "sweep", [SWEEP_CELL])
     sweep = ".nbddp-sweep"
     page.wait_for_selector(f"{sweep}:has-text('2 running of 4 (2 at a time)')", timeout=90_000)
     page.wait_for_function(  # both running trials' curves drawn (besides the best-so-far chart)

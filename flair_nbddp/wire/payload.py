@@ -362,10 +362,25 @@ def write_payload(path: str | os.PathLike, fn: Callable, args: tuple, kwargs: di
 @dataclass
 class SharedPayload:
     """A call packed once for several runs (the attempts of a run that restarts): the file kept for them, and what it
-    holds (None until the first run packed it). :class:`~flair_nbddp.run.Run` packs into it, or ships it."""
+    holds (None until the first run packed it)."""
 
     path: Path
     packed: Packed | None = None
+
+    def write(self, path: str | os.PathLike, fn: Callable, args: tuple, kwargs: dict) -> Packed:
+        """:func:`write_payload` for the first run, which keeps the file here too; each later run gets that file at
+        ``path``, nothing packed again.
+
+        Raises:
+            ShippingError, PayloadWriteError: as :func:`write_payload`, :func:`place_packed`.
+        """
+        if self.packed is None:
+            packed = write_payload(path, fn, args, kwargs)
+            place_packed(path, self.path)
+            self.packed = packed
+        else:
+            place_packed(self.path, path)
+        return self.packed
 
 
 def place_packed(packed_file: str | os.PathLike, path: str | os.PathLike) -> None:
