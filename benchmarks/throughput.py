@@ -7,7 +7,8 @@
 On CPU (``--device cpu``) flair's and accelerate's launchers get the same CPU bend as the kit's workers
 (gloo, CPU DDP); everything else is identical. The kit's launchers run with every default (inputs built once
 included); ``--no-fast-inputs`` gives them flair's own input building, ``--precision bf16`` bfloat16 autocast,
-``--no-lazy-corpus`` every sentence built in the workers up front (as flair's script has them).
+``--lazy-corpus yes|no`` forces a lazy corpus or one built in the workers up front (as flair's script has them);
+by default the kit decides (``lazy_corpus=None``: built, for corpora of this size).
 ``--epochs 3`` shows what building the inputs once saves after the first epoch.
 
 * ``kit`` runs the job the notebook way: a training function defined in a file-less ``__main__``
@@ -25,8 +26,9 @@ included); ``--no-fast-inputs`` gives them flair's own input building, ``--preci
 All time the end of the first training batch from the start of the program (``T0``) and from the launch
 call, and count samples/s after the first batch (overall and per epoch), summed over ranks, and each rank's CPU
 milliseconds per sample. On CUDA the GPU's busy share while it trains is sampled from ``nvidia-smi`` every
-0.2 s. ``BENCH_PROFILE=FILE`` profiles rank 0's training (cProfile) and writes its costliest functions there.
-Prints one JSON line.
+0.2 s. ``BENCH_PROFILE=FILE`` profiles rank 0's training (cProfile) and writes its costliest functions there;
+``BENCH_TRACE=DIR`` records batches 10-19 of rank 0's last epoch with ``torch.profiler`` and a sampler of every
+thread's Python stack, and writes them there for ``trace_gaps.py``. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -42,20 +44,22 @@ from pathlib import Path
 LAUNCHERS = ("flair", "kit", "kit-pool", "accelerate")
 T0_ENV = "FLAIR_NBDDP_BENCH_T0"
 PROFILE_ENV = "BENCH_PROFILE"  # a file: rank 0's training is profiled (cProfile) and its top functions written there
+TRACE_ENV = "BENCH_TRACE"  # a folder: batches of rank 0's last epoch are traced (torch.profiler) and written there
+TRACED_BATCHES = range(10, 20)
 T0 = float(os.environ.get(T0_ENV) or time.time())
 HERE = Path(__file__).resolve().parent
 
 
-def make_corpus(docs: int):
-    """IMDB-length generated reviews (200-260 words), small dev/test splits."""
+def make_corpus(docs: int, words: tuple[int, int] = (200, 260)):
+    """Generated reviews of ``words`` words (by default IMDB-length, 200-260), small dev/test splits."""
     from flair_nbddp.synthetic import sentiment_corpus
 
-    return sentiment_corpus(n_train=docs, n_dev=max(32, docs // 20), n_test=max(32, docs // 20), words=(200, 260))
+    return sentiment_corpus(n_train=docs, n_dev=max(32, docs // 20), n_test=max(32, docs // 20), words=words)
 
 
 def timed_fine_tune(
     corpus, docs: int, model_path: str, base_path: str, batch: int, chunk: int | None, epochs: int,
-    launched_at: float, multi_gpu: bool = True,
+    launched_at: float, multi_gpu: bool = True, words: tuple[int, int] = (200, 260),
 ):
     """Fine-tune a TextClassifier, timing the first batch (since ``T0`` and ``launched_at``) and the throughput after it."""
     import flair.distributed_utils
@@ -95,8 +99,11 @@ def timed_fine_tune(
         import flair
 
         flair.set_seed(42)
-        corpus = make_corpus(docs)
+        corpus = make_corpus(docs, words)
     timer = Timer()
+    plugins = [timer]
+    if os.environ.get(TRACE_ENV) and flair.distributed_utils.is_main_process():
+        plugins.append(traced_batches(TrainerPlugin, epochs, Path(os.environ[TRACE_ENV])))
     model = TextClassifier(
         TransformerDocumentEmbeddings(model_path, fine_tune=True),
         label_type="sentiment",
@@ -105,7 +112,7 @@ def timed_fine_tune(
     def train():
         return ModelTrainer(model, corpus).fine_tune(
             base_path, max_epochs=epochs, mini_batch_size=batch, mini_batch_chunk_size=chunk, learning_rate=5e-5,
-            multi_gpu=multi_gpu, plugins=[timer], save_final_model=False,
+            multi_gpu=multi_gpu, plugins=plugins, save_final_model=False,
         )
 
     scores = profiled(train) if os.environ.get(PROFILE_ENV) and flair.distributed_utils.is_main_process() else train()
@@ -140,6 +147,89 @@ def profiled(train):
     return value
 
 
+def traced_batches(plugin_type: type, last_epoch: int, folder: Path):
+    """A trainer plugin recording ``TRACED_BATCHES`` of ``last_epoch`` with ``torch.profiler`` (CPU and CUDA
+    operators, each batch a ``batch#N`` range) while a thread samples every thread's Python stack each
+    millisecond. Writes ``trace.json.gz``, ``stacks.txt`` (collapsed stacks with their sample counts, per thread)
+    and ``operators.txt`` (the operators' costliest, by own CPU and own device time) to ``folder``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    class Traced(plugin_type):
+        epoch = 0
+        profiler = batch = sampler = None
+
+        @plugin_type.hook
+        def before_training_epoch(self, epoch, **_):
+            self.epoch = epoch
+
+        @plugin_type.hook
+        def before_training_batch(self, batch_no, **_):
+            if self.epoch == last_epoch and batch_no == TRACED_BATCHES.start:
+                activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+                self.profiler = profile(activities=activities)
+                self.profiler.__enter__()
+                self.sampler = StackSampler()
+            if self.profiler is not None:
+                self.batch = record_function(f"batch#{batch_no}")
+                self.batch.__enter__()
+
+        @plugin_type.hook
+        def after_training_batch(self, batch_no, **_):
+            if self.profiler is None:
+                return
+            self.batch.__exit__(None, None, None)
+            if batch_no + 1 == TRACED_BATCHES.stop:
+                profiler, self.profiler = self.profiler, None
+                profiler.__exit__(None, None, None)
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "stacks.txt").write_text(self.sampler.collapsed())
+                profiler.export_chrome_trace(str(folder / "trace.json.gz"))
+                averages = profiler.key_averages()
+                device_key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+                (folder / "operators.txt").write_text(
+                    averages.table(sort_by="self_cpu_time_total", row_limit=40) + "\n"
+                    + averages.table(sort_by=device_key, row_limit=40)
+                )
+
+    return Traced()
+
+
+class StackSampler:
+    """Samples every other thread's Python stack each millisecond, in a thread, until ``collapsed()``."""
+
+    def __init__(self) -> None:
+        import collections
+        import threading
+
+        self.counts: collections.Counter = collections.Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        import threading
+
+        me = threading.get_ident()
+        while not self._stop.wait(0.001):
+            names = {thread.ident: thread.name for thread in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                stack = []
+                while frame is not None:
+                    code = frame.f_code
+                    stack.append(f"{code.co_filename.rsplit('site-packages/', 1)[-1]}:{code.co_name}")
+                    frame = frame.f_back
+                self.counts[(names.get(ident, str(ident)), ";".join(reversed(stack)))] += 1
+
+    def collapsed(self) -> str:
+        """``thread<TAB>frame;frame;...<TAB>samples`` lines, outermost frame first."""
+        self._stop.set()
+        self._thread.join()
+        return "".join(f"{thread}\t{stack}\t{count}\n" for (thread, stack), count in self.counts.most_common())
+
+
 class GpuBusy:
     """Samples ``nvidia-smi``'s GPU utilisation every 0.2 s in a thread; ``between(a, b)`` averages a window."""
 
@@ -171,7 +261,7 @@ sys.path.insert(0, {here!r})
 import flair_nbddp
 from first_batch import BETWEEN_CELLS_S
 from throughput import make_corpus, timed_fine_tune
-corpus = make_corpus({docs})                       # built once, here, like in a notebook cell
+corpus = make_corpus({docs}, {words})              # built once, here, like in a notebook cell
 
 def main(corpus, launched_at):                     # a notebook-style function in a file-less __main__
     return timed_fine_tune(corpus, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs}, launched_at)
@@ -201,7 +291,7 @@ if {device!r} == "cpu":
 
 if __name__ == "__main__":                         # the script way: every rank builds its own corpus
     value = launch_distributed(
-        timed_fine_tune, None, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs}, time.time()
+        timed_fine_tune, None, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs}, time.time(), True, {words}
     )
     print("RESULT " + json.dumps(value))
 """
@@ -213,7 +303,7 @@ from pathlib import Path
 sys.path.insert(0, {here!r})
 from accelerate import notebook_launcher
 from throughput import make_corpus, processes_for, timed_fine_tune
-corpus = make_corpus({docs})                       # built once, here, like in a notebook cell
+corpus = make_corpus({docs}, {words})              # built once, here, like in a notebook cell
 processes = processes_for({device!r}, {processes})
 
 def main(corpus, launched_at):                     # a notebook-style function in a file-less __main__
@@ -227,7 +317,7 @@ def main(corpus, launched_at):                     # a notebook-style function i
         allow_cpu_ddp()
         flair.device = torch.device("cpu")         # PartialState says cpu:0, which DDP takes for a device id
     figures = timed_fine_tune(corpus, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs}, launched_at,
-                              multi_gpu=state.num_processes > 1)
+                              multi_gpu=state.num_processes > 1, words={words})
     if state.is_main_process:                      # notebook_launcher returns nothing: leave rank 0's figures
         Path({base!r}, "figures.json").write_text(json.dumps(figures))
 
@@ -249,9 +339,11 @@ def processes_for(device: str, processes: int | None) -> int:
 def run_job(args) -> dict:
     """Start the job in a fresh interpreter, with T0 set just before, and read its figures."""
     fields = dict(
-        here=str(HERE), docs=args.docs, model=args.model, base=args.base, batch=args.batch, chunk=args.chunk,
+        here=str(HERE), docs=args.docs, words=args.words, model=args.model, base=args.base, batch=args.batch,
+        chunk=args.chunk,
         epochs=args.epochs, device=args.device, processes=args.processes, warm=args.launcher == "kit-pool",
-        fast_inputs=not args.no_fast_inputs, precision=args.precision, lazy_corpus=not args.no_lazy_corpus,
+        fast_inputs=not args.no_fast_inputs, precision=args.precision,
+        lazy_corpus={"auto": None, "yes": True, "no": False}[args.lazy_corpus],
     )
     if args.launcher in ("kit", "kit-pool"):
         command = [sys.executable, "-c", KIT_PROGRAM.format(**fields)]
@@ -275,6 +367,11 @@ def run_job(args) -> dict:
     return figures
 
 
+def _word_range(text: str) -> tuple[int, int]:
+    low, _, high = text.partition("-")
+    return int(low), int(high or low)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--launcher", choices=LAUNCHERS, required=True)
@@ -282,11 +379,17 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=None)
     parser.add_argument("--size", choices=["tiny", "distilbert"], default="distilbert")
     parser.add_argument("--docs", type=int, default=4000)
+    parser.add_argument(
+        "--words", type=_word_range, default=(200, 260), help="words a review: N, or a range A-B (200-260)"
+    )  # fmt: skip
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--chunk", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--no-fast-inputs", action="store_true", help="kit launchers: flair's own input building")
-    parser.add_argument("--no-lazy-corpus", action="store_true", help="kit launchers: every sentence built up front")
+    parser.add_argument(
+        "--lazy-corpus", choices=["auto", "yes", "no"], default="auto",
+        help="kit launchers: lazy_corpus=None (the kit's default), True or False",
+    )  # fmt: skip
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32", help="kit launchers only")
     parser.add_argument("--workdir", default="/tmp/flair_nbddp-bench")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
@@ -297,7 +400,10 @@ def main() -> None:
     args.model = tiny_transformer(Path(args.workdir) / f"model-{args.size}", size=args.size)
     args.base = str(Path(args.workdir) / f"train-{args.launcher}")
     figures = run_job(args)
-    figures.update(launcher=args.launcher, device=args.device, size=args.size, docs=args.docs, batch=args.batch)
+    figures.update(
+        launcher=args.launcher, device=args.device, size=args.size, docs=args.docs, words=args.words, batch=args.batch,
+        precision=args.precision, fast_inputs=not args.no_fast_inputs, lazy_corpus=args.lazy_corpus,
+    )  # fmt: skip
     print(json.dumps(figures))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))

@@ -18,6 +18,7 @@ from flair.models import SequenceTagger, TextClassifier, TextPairClassifier
 import flair_nbddp
 from flair_nbddp.synthetic import ner_corpus, sentiment_corpus, tiny_transformer
 from flair_nbddp.worker import fast_inputs, input_thread
+from flair_nbddp.worker.kept_inputs import key
 
 
 @pytest.fixture(scope="module")
@@ -320,6 +321,26 @@ def test_the_input_thread_stops_for_an_embedding_after_three_batches_flair_never
     for start in range(0, 40, 5):  # batches whose sentences flair never embeds (it would embed other text)
         input_thread.tokenize_ahead(sentences[start : start + 5])
     assert fast_inputs.kept_sentences() == 15
+
+
+def test_the_input_thread_spends_nothing_on_sentences_it_saw_kept(models, fast, monkeypatch):
+    embedding = TransformerDocumentEmbeddings(models["wordpiece"])
+    fast_inputs.start_job(True, ahead=True)
+    settings = fast_inputs._settings(embedding)
+    input_thread.watch(embedding, fast_inputs.store_for(embedding.tokenizer, settings), settings)
+    sentences = _sentences("text", count=10)
+    named = []
+    monkeypatch.setattr(input_thread, "key", lambda words: named.append(words) or key(words))
+    input_thread.tokenize_ahead(sentences[:5])  # an epoch's first batch: named, tokenized, kept
+    input_thread.tokenize_ahead(sentences[:5])  # the same sentences in the next epoch: nothing to do
+    assert len(named) == 5 and fast_inputs.kept_sentences() == 5
+    input_thread.tokenize_ahead(sentences[3:8])  # only the three it has not seen
+    assert len(named) == 8 and fast_inputs.kept_sentences() == 8
+    fast_inputs._STORES.clear()  # its store let go (full): the marks name a store that is gone
+    fast_inputs.start_job(True, ahead=True)
+    input_thread.watch(embedding, fast_inputs.store_for(embedding.tokenizer, settings), settings)
+    input_thread.tokenize_ahead(sentences[:5])
+    assert len(named) == 13 and fast_inputs.kept_sentences() == 5
 
 
 def test_a_reader_ends_its_thread_when_the_trainer_leaves_an_epoch_early_and_raises_what_reading_raised():

@@ -28,6 +28,7 @@ from typing import Any
 from .kept_inputs import key
 
 _USELESS_AFTER = 3  # batches tokenized ahead for an embedding of which flair used nothing: the thread stops
+_KEPT = "_flair_nbddp_kept"  # on a sentence the thread saw kept: the serials of the stores that hold it
 _END = object()
 
 
@@ -82,21 +83,30 @@ def count_hits(keys: list[bytes], found: list) -> None:
 
 def tokenize_ahead(batch: list) -> None:
     """Keep the encodings of ``batch``'s sentences for every watched embedding (what the thread does with each
-    batch it reads)."""
+    batch it reads). A sentence the thread saw kept in a store is marked with the store's serial and skipped from
+    then on: in a built corpus, every epoch after the first costs the thread nothing. (The mark only spares the
+    thread: flair's own call still finds each sentence by its words.)"""
     from flair.data import Sentence
 
     if not _WATCHED or not all(isinstance(point, Sentence) for point in batch):
         return
-    words = [[token.text for token in point.tokens] for point in batch]
-    keys = [key(sentence) for sentence in words]
     for watch_ in list(_WATCHED.values()):
         if watch_.batches >= _USELESS_AFTER and not watch_.used:
             continue
-        missing = [index for index, rows in enumerate(watch_.store.rows(keys)) if rows is None]
+        serial = watch_.store.serial
+        fresh = [point for point in batch if serial not in point.__dict__.get(_KEPT, ())]
+        if not fresh:
+            continue
+        words = [[token.text for token in point.tokens] for point in fresh]
+        keys = [key(sentence) for sentence in words]
+        missing = [index for index, held in enumerate(watch_.store.holds(keys)) if not held]
         if missing:
             chosen = [keys[index] for index in missing]
             _ENCODE(watch_.tokenizer, watch_.store, chosen, [words[index] for index in missing], watch_.settings)
             watch_.ahead.update(chosen)
+        for point, held in zip(fresh, watch_.store.holds(keys)):
+            if held:
+                point.__dict__[_KEPT] = (*point.__dict__.get(_KEPT, ()), serial)
         watch_.batches += 1
 
 

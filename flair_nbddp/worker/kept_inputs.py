@@ -14,6 +14,7 @@ Every method takes the store's lock: a worker's main thread and its input thread
 from __future__ import annotations
 
 import hashlib
+import itertools
 import threading
 from collections.abc import Sequence
 from typing import Optional
@@ -23,6 +24,8 @@ import numpy as np
 CHUNK = 1 << 20  # sub-tokens a chunk holds; a row never spans two
 _KEY = np.dtype("V16")
 _MERGE_AT = 256  # newest keys held in a dict before they join the sorted arrays (or a 32nd of those, if more)
+
+_SERIALS = itertools.count()
 
 Row = tuple[np.ndarray, Optional[list[Optional[int]]]]  # ids (int64), word positions (or None when not kept)
 
@@ -50,7 +53,8 @@ class Store:
     """The rows kept for one tokenizer with one set of call settings.
 
     ``vocabulary`` bounds the ids (``len(tokenizer)``), ``special_ids`` are the tokenizer's special tokens (the
-    sub-tokens outside any word), and ``word_ids`` says whether rows keep their word positions.
+    sub-tokens outside any word), and ``word_ids`` says whether rows keep their word positions. ``serial`` tells
+    this store from every other the worker made, as long as it lives.
 
     >>> store = Store(vocabulary=100, special_ids=[1, 2], word_ids=True)
     >>> store.add(b"k" * 16, [([1, 7, 8, 9, 2], [None, 0, 0, 1, None])])
@@ -61,6 +65,7 @@ class Store:
 
     def __init__(self, vocabulary: int, special_ids: Sequence[int], word_ids: bool) -> None:
         self.word_ids = word_ids
+        self.serial = next(_SERIALS)
         room = vocabulary * 2 if word_ids else vocabulary  # a word mark takes the top bit
         self._type = np.uint16 if room <= 1 << 16 else np.int32
         self._mark = (1 << 15 if self._type is np.uint16 else 1 << 30) if word_ids else 0
@@ -98,6 +103,11 @@ class Store:
         """Each key's rows, or None for a key not kept."""
         with self._lock:
             return [None if sentence is None else self._rows_of(sentence) for sentence in self._find(keys)]
+
+    def holds(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key's rows are kept (without reading them)."""
+        with self._lock:
+            return [sentence is not None for sentence in self._find(keys)]
 
     def add(self, key: bytes, rows: Sequence[tuple[Sequence[int], Sequence[int | None] | None]]) -> bool:
         """Keep a sentence's rows (ids, and word positions if this store keeps them); False if its ids do not fit

@@ -213,6 +213,7 @@ def _bend_flair(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
 
     flair.device = vitals.device
     flair_compat.allow_cpu_ddp()
+    flair_compat.scale_gradients_together()
     flair_compat.instrument_trainer(sender, spec.rank, spec.world_size, vitals.counters, vitals.control_group)
     distributed_eval.install(spec.rank, spec.world_size, vitals.control_group, vitals.store)
     lazy_corpus.keep_stored_embeddings()
