@@ -157,7 +157,7 @@ def test_second_interrupt_ends_the_workers_at_once(kernel):
     assert probe(kernel)[0] == 0
 
 
-def test_soak_seven_runs_with_random_interrupts_leak_nothing(kernel):
+def test_soak_six_runs_with_random_interrupts_leak_nothing(kernel):
     import random
 
     rng = random.Random(20)
@@ -170,7 +170,7 @@ def test_soak_seven_runs_with_random_interrupts_leak_nothing(kernel):
     kernel.collect(msg_id, timeout=60)
     before = probe(kernel)
     statuses = []
-    for run in range(7):
+    for run in range(6):
         code = "r = flair_nbddp.launch(nap, args=(0.5,), dashboard=False, stop_timeout=2)\nprint('STATUS', r.status)"
         msg_id = kernel.submit(code)
         if run % 3 == 1:  # interrupt a third of them, at random moments (starting up, running: about 2 s, 0.5 s)
@@ -179,7 +179,7 @@ def test_soak_seven_runs_with_random_interrupts_leak_nothing(kernel):
         result = kernel.collect(msg_id, timeout=120)
         statuses.append("interrupted" if result.error else result.stdout.split("STATUS")[-1].strip())
     after = probe(kernel)
-    assert statuses.count("finished") >= 5 and set(statuses) <= {"finished", "stopped", "interrupted"}, statuses
+    assert statuses.count("finished") >= 4 and set(statuses) <= {"finished", "stopped", "interrupted"}, statuses
     grew = [name for name, b, a in zip(("processes", "threads", "fds", "listening sockets"), before, after) if a > b]
     assert not grew, f"{grew} grew: (processes, threads, fds, listening sockets) went from {before} to {after}"
 

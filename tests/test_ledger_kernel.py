@@ -81,7 +81,11 @@ def test_two_kernels_training_at_once_both_land_whole(home, tmp_path):
     with _kernel(home) as one, _kernel(home) as two:
         for kernel in (one, two):
             _ok(kernel.execute(SET_UP, timeout=120))
-        code = "result = launch(train_ner, (corpus, {!r}), {{'epochs': 3}}, dashboard=False)\nprint('METRICS', len(result.metrics), result.record_id)"
+        # one process each: what is tested is two kernels writing one ledger at once, not their ranks
+        code = (
+            "result = launch(train_ner, (corpus, {!r}), {{'epochs': 3}}, dashboard=False, processes=1)\n"
+            "print('METRICS', len(result.metrics), result.record_id)"
+        )
         ids = [one.submit(code.format(str(tmp_path / "one"))), two.submit(code.format(str(tmp_path / "two")))]
         outputs = [_ok(kernel.collect(msg_id, timeout=400)).stdout for kernel, msg_id in zip((one, two), ids)]
     counts = {int(line.split()[2]): int(line.split()[1]) for out in outputs for line in out.splitlines()
