@@ -46,11 +46,12 @@ T0_ENV = "FLAIR_NBDDP_BENCH_T0"
 PROFILE_ENV = "BENCH_PROFILE"  # a file: rank 0's training is profiled (cProfile) and its top functions written there
 TRACE_ENV = "BENCH_TRACE"  # a folder: batches of rank 0's last epoch are traced (torch.profiler) and written there
 TRACED_BATCHES = range(10, 20)
+IMDB_WORDS = (200, 260)  # words a generated review has by default: IMDB's length
 T0 = float(os.environ.get(T0_ENV) or time.time())
 HERE = Path(__file__).resolve().parent
 
 
-def make_corpus(docs: int, words: tuple[int, int] = (200, 260)):
+def make_corpus(docs: int, words: tuple[int, int] = IMDB_WORDS):
     """Generated reviews of ``words`` words (by default IMDB-length, 200-260), small dev/test splits."""
     from flair_nbddp.synthetic import sentiment_corpus
 
@@ -59,7 +60,7 @@ def make_corpus(docs: int, words: tuple[int, int] = (200, 260)):
 
 def timed_fine_tune(
     corpus, docs: int, model_path: str, base_path: str, batch: int, chunk: int | None, epochs: int,
-    launched_at: float, multi_gpu: bool = True, words: tuple[int, int] = (200, 260),
+    launched_at: float, multi_gpu: bool = True, words: tuple[int, int] = IMDB_WORDS,
 ):
     """Fine-tune a TextClassifier, timing the first batch (since ``T0`` and ``launched_at``) and the throughput after it."""
     import flair.distributed_utils
@@ -291,7 +292,7 @@ if {device!r} == "cpu":
 
 if __name__ == "__main__":                         # the script way: every rank builds its own corpus
     value = launch_distributed(
-        timed_fine_tune, None, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs}, time.time(), True, {words}
+        timed_fine_tune, None, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs}, time.time(), words={words}
     )
     print("RESULT " + json.dumps(value))
 """
@@ -340,8 +341,7 @@ def run_job(args) -> dict:
     """Start the job in a fresh interpreter, with T0 set just before, and read its figures."""
     fields = dict(
         here=str(HERE), docs=args.docs, words=args.words, model=args.model, base=args.base, batch=args.batch,
-        chunk=args.chunk,
-        epochs=args.epochs, device=args.device, processes=args.processes, warm=args.launcher == "kit-pool",
+        chunk=args.chunk, epochs=args.epochs, device=args.device, processes=args.processes, warm=args.launcher == "kit-pool",
         fast_inputs=not args.no_fast_inputs, precision=args.precision,
         lazy_corpus={"auto": None, "yes": True, "no": False}[args.lazy_corpus],
     )
@@ -380,7 +380,7 @@ def main() -> None:
     parser.add_argument("--size", choices=["tiny", "distilbert"], default="distilbert")
     parser.add_argument("--docs", type=int, default=4000)
     parser.add_argument(
-        "--words", type=_word_range, default=(200, 260), help="words a review: N, or a range A-B (200-260)"
+        "--words", type=_word_range, default=IMDB_WORDS, help="words a review: N, or a range A-B (200-260)"
     )  # fmt: skip
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--chunk", type=int, default=None)

@@ -47,18 +47,19 @@ def innermost(ops: list[dict]) -> tuple[list[float], list[str]]:
     starts: list[float] = []
     names: list[str] = []
     stack: list[dict] = []
-    for op in sorted(ops, key=lambda e: (e["ts"], -e["dur"])):
-        while stack and stack[-1]["ts"] + stack[-1]["dur"] <= op["ts"]:
+
+    def close_until(at: float) -> None:  # the operators ended by ``at``: each end starts its caller's segment again
+        while stack and stack[-1]["ts"] + stack[-1]["dur"] <= at:
             ended = stack.pop()
             starts.append(ended["ts"] + ended["dur"])
             names.append(stack[-1]["name"] if stack else "Python")
+
+    for op in sorted(ops, key=lambda e: (e["ts"], -e["dur"])):
+        close_until(op["ts"])
         stack.append(op)
         starts.append(op["ts"])
         names.append(op["name"])
-    while stack:
-        ended = stack.pop()
-        starts.append(ended["ts"] + ended["dur"])
-        names.append(stack[-1]["name"] if stack else "Python")
+    close_until(float("inf"))
     return starts, names
 
 
@@ -76,7 +77,8 @@ def gaps(busy: list[tuple[float, float]], start: float, end: float) -> list[tupl
 
 
 def device_report(folder: Path) -> None:
-    events = json.loads(gzip.open(folder / "trace.json.gz").read())["traceEvents"]
+    with gzip.open(folder / "trace.json.gz") as trace:
+        events = json.load(trace)["traceEvents"]
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
     batches = sorted((e for e in spans if str(e.get("name", "")).startswith("batch#")), key=lambda e: e["ts"])
     if not batches:

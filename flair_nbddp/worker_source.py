@@ -173,7 +173,8 @@ def left_the_cluster(cluster: Any, claim: Claim) -> list[str]:
     """The addresses of the Dask workers ``claim`` holds that are no longer in ``cluster`` (a lost node), sorted."""
     from .cluster.client import connect, departed
 
-    return departed(connect(cluster), claim.workers) if claim.workers else []
+    workers = claim.workers
+    return departed(connect(cluster), workers) if workers else []
 
 
 def source_for(options: RunOptions, pool: WorkerSource | None) -> WorkerSource:
