@@ -89,3 +89,37 @@ def test_keys_are_found_before_and_after_they_join_the_sorted_index_and_two_thre
     found = store.rows([key for key, _, _ in reviews] + [b"z" * 16])
     assert found[-1] is None
     assert all(rows[0][0].tolist() == ids for rows, (_, ids, _) in zip(found, reviews))
+
+
+@pytest.mark.parametrize("word_ids", [False, True], ids=["document", "words"])
+def test_ranks_ship_what_they_tokenized_and_keep_each_others_once(word_ids):
+    """Two ranks' stores: each ships its own sentences (through pickle, as the all-gather does), keeps the other's
+    exactly as they were tokenized, and ships neither the received ones nor its own twice."""
+    import pickle
+
+    reviews = _reviews(700, vocabulary=500)
+    odd = {
+        b"gap".ljust(16): [([2, 10, 11, 12, 3], [None, 0, 0, 2, None])],  # word positions kept in full
+        b"windows".ljust(16): [([2, 11, 12, 3], [None, 0, 1, None]), ([2, 13, 3], [None, 2, None])],  # 2 rows
+    }
+    ranks = [Store(500, SPECIALS, word_ids=word_ids), Store(500, SPECIALS, word_ids=word_ids)]
+    for rank, store in enumerate(ranks):
+        for key, ids, words in reviews[rank * 300 : rank * 300 + 400]:  # 100 sentences both tokenized
+            store.add(key, [(ids, words if word_ids else None)])
+    for key, rows in odd.items():
+        ranks[0].add(key, [(ids, words if word_ids else None) for ids, words in rows])
+    shipments = [pickle.loads(pickle.dumps(store.ship())) for store in ranks]
+    assert [len(shipment) for shipment in shipments] == [402, 400]
+    assert ranks[1].absorb(shipments[0]) == 302 and ranks[0].absorb(shipments[1]) == 300
+    assert ranks[1].absorb(shipments[0]) == 0  # held now
+    assert len(ranks[0]) == len(ranks[1]) == 702
+    wanted = [key for key, _, _ in reviews] + list(odd)
+    assert [[(ids.tolist(), words) for ids, words in rows] for rows in ranks[0].rows(wanted)] == [
+        [(ids.tolist(), words) for ids, words in rows] for rows in ranks[1].rows(wanted)
+    ]
+    [(ids, words)] = ranks[1].rows([b"gap".ljust(16)])[0]
+    assert ids.tolist() == [2, 10, 11, 12, 3] and words == ([None, 0, 0, 2, None] if word_ids else None)
+    assert [len(store.ship()) for store in ranks] == [0, 0]  # nothing new: the received ones stay home
+    ranks[1].add(b"later".ljust(16), [([2, 5, 3], [None, 0, None] if word_ids else None)])
+    later = ranks[1].ship()
+    assert len(later) == 1 and ranks[0].absorb(later) == 1

@@ -109,8 +109,9 @@ def nap(seconds: float) -> float:
 
 def fine_tune_counting_tokenizations(corpus, model_path: str, base_path: str, kind: str, ahead: bool = False) -> dict:
     """Fine-tune for 3 epochs (a classifier on document embeddings, or a tagger on word embeddings, both
-    transformer) and count the sentences this rank's tokenizer encoded (the kit's kept inputs, when on), with the
-    next batch tokenized in the input thread if ``ahead`` (as on GPUs)."""
+    transformer) and count the sentences the ranks' tokenizers encoded (the kit's kept inputs, when on): rank 0's and
+    every rank's, with the next batch tokenized in the input thread if ``ahead`` (as on GPUs)."""
+    import torch.distributed as dist
     from flair.embeddings import (
         TransformerDocumentEmbeddings,
         TransformerWordEmbeddings,
@@ -140,7 +141,11 @@ def fine_tune_counting_tokenizations(corpus, model_path: str, base_path: str, ki
                                                        learning_rate=5e-3, multi_gpu=True)  # fmt: skip
     finally:
         fast_inputs.encode = input_thread._ENCODE = encode
-    return {"test_score": scores["test_score"], "encoded": len(encoded), "distinct": len(set(encoded))}
+    everywhere: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everywhere, encoded)
+    every_rank = [name for names in everywhere for name in names]
+    return {"test_score": scores["test_score"], "encoded": len(encoded), "distinct": len(set(encoded)),
+            "encoded_by_all": len(every_rank), "distinct_by_all": len(set(every_rank))}  # fmt: skip
 
 
 def fine_tune_noting_dtypes(corpus, model_path: str, base_path: str) -> dict:

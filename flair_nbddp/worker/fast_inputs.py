@@ -90,6 +90,11 @@ def start_job(enabled: bool, ahead: bool = False) -> None:
     input_thread.start_job(ahead=enabled and ahead)
 
 
+def enabled() -> bool:
+    """Whether this job keeps encodings (``fast_inputs``)."""
+    return _JOB.enabled
+
+
 def unservable(embedding: Any) -> str | None:
     """Why ``embedding``'s inputs cannot come from the kept encodings exactly, or None when they can."""
     if embedding.tokenizer_needs_ocr_boxes or embedding.needs_manual_ocr:
@@ -113,6 +118,22 @@ def fingerprint(tokenizer: Any) -> str:
         digest.update(repr((type(tokenizer).__name__, tokenizer.model_max_length, sides)).encode())
         known = _FINGERPRINTS[tokenizer] = digest.hexdigest()
     return known
+
+
+def shipments() -> dict[tuple[str, bytes], Any]:
+    """This job's stores' sentences tokenized here since the last call, by store name (for the other ranks)."""
+    return {name: _STORES[name].ship() for name in sorted(_JOB.used) if name in _STORES}
+
+
+def absorb(shipments_: list[dict[tuple[str, bytes], Any]]) -> int:
+    """Keep the other ranks' shipments in the stores of the same tokenizer and settings; how many sentences were
+    new here. A store this worker does not have (a tokenizer it never used) takes nothing."""
+    kept = 0
+    for shipped in shipments_:
+        for name, shipment in shipped.items():
+            if name in _STORES and kept_bytes() < KEEP_AT_MOST:
+                kept += _STORES[name].absorb(shipment)
+    return kept
 
 
 def kept_bytes() -> int:

@@ -8,7 +8,8 @@
   Python loop, one kernel launch per tensor; the same multiplications go in a few launches, with identical results.
 * :func:`instrument_trainer`: every ``train``/``fine_tune``/``train_custom`` call gets a fresh
   :class:`StreamingPlugin`, and a call that forgets ``multi_gpu=True`` while several processes run
-  is stopped before every rank trains the whole corpus on its own.
+  is stopped before every rank trains the whole corpus on its own; with several ranks and fast inputs, a
+  :class:`.shared_inputs.SharingPlugin` too (each sentence tokenized by one rank).
 * :func:`model_subclasses`: flair's model classes, for the modules that wrap their ``evaluate``
   (``distributed_eval``, ``precision``).
 * Graceful stop: once the parent asks, all ranks agree at the end of the same batch and raise flair's
@@ -47,9 +48,10 @@ from ..wire.events import (
     Progress,
     Stopped,
 )
-from . import checkpoint_files, ddp_exec
+from . import checkpoint_files, ddp_exec, fast_inputs
 from .checkpoints import Checkpointing
 from .counters import TrainingCounters
+from .shared_inputs import SharingPlugin
 
 SAVED_MODELS: list[Path] = []  # model files flair wrote during the current job, newest last
 
@@ -310,6 +312,19 @@ def bend_flair_launcher_for_cpu(processes: int) -> None:
     allow_cpu_ddp()
 
 
+def _gatherer(world_size: int, control_group: Any) -> Callable[[Any], list]:
+    """``gather(value)``: every rank's value, by rank, over the CPU ``control_group`` (a collective)."""
+
+    def gather(value: Any) -> list:
+        if control_group is None:
+            return [value]
+        values: list = [None] * world_size
+        dist.all_gather_object(values, value, group=control_group)
+        return values
+
+    return gather
+
+
 def _checkpointing(
     sender: EventSender, rank: int, world_size: int, control_group: Any, streaming: StreamingPlugin
 ) -> Any:  # fmt: skip
@@ -325,17 +340,10 @@ def _checkpointing(
             "resumes its own random generators"
         )
 
-    def gather(value: Any) -> list:
-        if control_group is None:
-            return [value]
-        values: list = [None] * world_size
-        dist.all_gather_object(values, value, group=control_group)
-        return values
-
     def saved(epoch: int, batch: int, path: Path, sha256: str) -> None:
         sender.send(CheckpointSaved(0, epoch, str(path.resolve()), sha256, batch))
 
-    return Checkpointing(directory / checkpoint_files.NAME, rank, gather, saved, resume,
+    return Checkpointing(directory / checkpoint_files.NAME, rank, _gatherer(world_size, control_group), saved, resume,
                          stopping=lambda: streaming.stopped, every=checkpoint_files.job_checkpoint_every())  # fmt: skip
 
 
@@ -363,6 +371,8 @@ def instrument_trainer(
         if checkpointing is not None:
             streaming.batches_before = checkpointing.batches_before
         ours = [streaming] if checkpointing is None else [checkpointing, streaming]  # a batch counted, then a stop
+        if world_size > 1 and fast_inputs.enabled():
+            ours.append(SharingPlugin(rank, _gatherer(world_size, control_group)))
         ddp_exec.training(True)  # an interrupt of a %%ddp_exec cell waits for the same-batch stop
         try:
             scores = original(self, *args, multi_gpu=multi_gpu, plugins=[*(plugins or []), *ours], **kwargs)

@@ -17,6 +17,7 @@ import hashlib
 import itertools
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -28,6 +29,23 @@ _MERGE_AT = 256  # newest keys held in a dict before they join the sorted arrays
 _SERIALS = itertools.count()
 
 Row = tuple[np.ndarray, Optional[list[Optional[int]]]]  # ids (int64), word positions (or None when not kept)
+
+
+@dataclass(frozen=True)
+class Shipment:
+    """Sentences of one store in their stored form, for another rank's store of the same tokenizer and settings:
+    their keys (16 bytes each), rows per sentence, each row's length, every row's values one after another, each
+    row's first word less one (stores with word positions), and the word positions kept in full, by row."""
+
+    keys: bytes
+    rows: np.ndarray
+    lengths: np.ndarray
+    stored: np.ndarray
+    bases: np.ndarray
+    explicit: dict[int, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.rows)
 
 
 class _Column:
@@ -80,6 +98,8 @@ class Store:
         self._first_rows.append(0)
         self._sorted_keys, self._sorted_sentences = np.empty(0, _KEY), np.empty(0, np.int32)
         self._newest: dict[bytes, int] = {}
+        self._local = _Column(np.bool_)  # per sentence: tokenized here (not received from another rank)
+        self._shipped = 0  # the sentences before this one that were tokenized here went out in a shipment
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -120,22 +140,71 @@ class Store:
                 return True  # the other thread kept it meanwhile
             for ids, (_, words) in zip(arrays, rows):
                 self._add_row(ids, words)
-            self._first_rows.append(self._starts.size)
-            self._newest[key] = len(self) - 1
-            if len(self._newest) >= max(_MERGE_AT, len(self._sorted_keys) // 32):
-                self._merge()
+            self._kept(key, local=True)
         return True
 
+    def _kept(self, key: bytes, local: bool) -> None:
+        """The rows just placed are ``key``'s: index the sentence."""
+        self._first_rows.append(self._starts.size)
+        self._local.append(local)
+        self._newest[key] = len(self) - 1
+        if len(self._newest) >= max(_MERGE_AT, len(self._sorted_keys) // 32):
+            self._merge()
+
+    def ship(self) -> Shipment:
+        """The sentences tokenized here since the last shipment (none received from elsewhere), in their stored
+        form, for the other ranks' stores (:meth:`absorb`)."""
+        with self._lock:
+            sentences = self._shipped + np.flatnonzero(self._local.data[self._shipped : len(self)])
+            self._shipped = len(self)
+            keys = self._keys_of(sentences)
+            first = self._first_rows.data
+            rows = [range(int(first[sentence]), int(first[sentence + 1])) for sentence in sentences]
+            flat = [row for sentence_rows in rows for row in sentence_rows]
+            stored = [self._stored(row) for row in flat]
+            return Shipment(
+                keys=keys,
+                rows=np.fromiter((len(sentence_rows) for sentence_rows in rows), np.int32, len(rows)),
+                lengths=np.fromiter((len(values) for values in stored), np.int32, len(stored)),
+                stored=np.concatenate(stored) if stored else np.empty(0, self._type),
+                bases=self._bases.data[flat].copy() if self.word_ids else np.empty(0, np.int32),
+                explicit={index: self._explicit[row] for index, row in enumerate(flat) if row in self._explicit},
+            )
+
+    def absorb(self, shipment: Shipment) -> int:
+        """Keep a shipment's sentences that this store does not hold; how many. The shipment comes from a store of
+        the same tokenizer and settings (hence of the same vocabulary and integer type)."""
+        keys = [shipment.keys[at : at + 16] for at in range(0, len(shipment.keys), 16)]
+        ends = np.cumsum(shipment.lengths)
+        row = kept = 0
+        with self._lock:
+            held = self._find(keys)
+            for name, count, known in zip(keys, shipment.rows.tolist(), held):
+                if known is None:
+                    for index in range(row, row + count):
+                        values = shipment.stored[ends[index] - shipment.lengths[index] : ends[index]]
+                        base = int(shipment.bases[index]) if self.word_ids else 0
+                        self._place(values, base, shipment.explicit.get(index))
+                    self._kept(name, local=False)
+                    kept += 1
+                row += count
+        return kept
+
     def _add_row(self, ids: np.ndarray, words: Sequence[int | None] | None) -> None:
+        if not self.word_ids:
+            self._place(ids, 0, None)
+            return
+        marks, base = _word_marks(words)
+        positions = _as_array(words)
+        explicit = None if np.array_equal(self._decode_words(ids, marks, base), positions) else positions
+        self._place(ids | (marks.astype(np.int64) * self._mark), base, explicit)
+
+    def _place(self, stored: np.ndarray, base: int, explicit: np.ndarray | None) -> None:
+        """Append a row in its stored form: ids with their word marks, first word less one, and its word positions
+        when they do not follow from the marks."""
         row = self._starts.size
-        if self.word_ids:
-            marks, base = _word_marks(words)
-            stored = ids | (marks.astype(np.int64) * self._mark)
-            positions = _as_array(words)
-            if not np.array_equal(self._decode_words(ids, marks, base), positions):
-                self._explicit[row] = positions.astype(np.int32)
-        else:
-            stored, base = ids, 0
+        if explicit is not None:
+            self._explicit[row] = explicit.astype(np.int32)
         if self._used + len(stored) > CHUNK:  # a row longer than a chunk gets one of its own size
             self._chunks.append(np.empty(max(CHUNK, len(stored)), self._type))
             self._used = 0
@@ -166,14 +235,27 @@ class Store:
         self._sorted_sentences = np.insert(self._sorted_sentences, where, sentences)
         self._newest = {}
 
+    def _stored(self, row: int) -> np.ndarray:
+        """A row's values as kept (ids with their word marks), a view of its chunk."""
+        start, length = int(self._starts.data[row]), int(self._lengths.data[row])
+        if start >= 0:
+            return self._chunks[start // CHUNK][start % CHUNK : start % CHUNK + length]
+        return self._chunks[-1 - start][:length]  # a row with a chunk of its own
+
+    def _keys_of(self, sentences: np.ndarray) -> bytes:
+        """The keys of the sentences numbered ``sentences``, 16 bytes each, in that order."""
+        names = {sentence: name for name, sentence in self._newest.items()}
+        order = np.empty(len(self), np.int64)
+        order[self._sorted_sentences] = np.arange(len(self._sorted_sentences))
+        return b"".join(
+            names[sentence] if sentence in names else self._sorted_keys[order[sentence]].tobytes()
+            for sentence in sentences.tolist()
+        )
+
     def _rows_of(self, sentence: int) -> list[Row]:
         rows = []
         for row in range(int(self._first_rows.data[sentence]), int(self._first_rows.data[sentence + 1])):
-            start, length = int(self._starts.data[row]), int(self._lengths.data[row])
-            if start >= 0:
-                stored = self._chunks[start // CHUNK][start % CHUNK : start % CHUNK + length].astype(np.int64)
-            else:  # a row with a chunk of its own
-                stored = self._chunks[-1 - start][:length].astype(np.int64)
+            stored = self._stored(row).astype(np.int64)
             if not self.word_ids:
                 rows.append((stored, None))
                 continue

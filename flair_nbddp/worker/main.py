@@ -54,7 +54,7 @@ from ..wire.events import (
     Started,
     WorkerSpec,
 )
-from . import checkpoint_files, ddp_exec, distributed_eval, fast_inputs, precision
+from . import allocator, checkpoint_files, ddp_exec, distributed_eval, fast_inputs, precision
 from .counters import TrainingCounters
 
 HEARTBEAT_SECONDS = 1.0
@@ -303,6 +303,7 @@ def _reset_between_jobs(vitals: _Vitals) -> None:
 def _release_memory(vitals: _Vitals) -> None:
     """Free a finished job's cycles and cached GPU memory while the worker waits for the next job."""
     gc.collect()
+    allocator.give_back_free_memory()
     if vitals.device is not None and vitals.device.type == "cuda":
         import torch
 
@@ -477,6 +478,7 @@ def main() -> None:
     jobs: queue.Queue = queue.Queue()
     _listen_to_parent(sender, jobs)
     vitals = _Vitals()
+    allocator.keep_freed_blocks()
     _start_heartbeat(sender, spec.rank, vitals)
     sys.path[:0] = [entry for entry in spec.sys_path if entry not in sys.path]  # notebook-local modules import
     pool_ref.HOST_DIR = spec.shared_dir

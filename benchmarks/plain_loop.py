@@ -1,0 +1,116 @@
+"""The GPU-bound ceiling: a plain PyTorch loop on throughput.py's model and batches, inputs tokenized once.
+
+    python benchmarks/plain_loop.py --device cuda --size distilbert --docs 4000 --words 230 --precision fp32
+    python benchmarks/plain_loop.py --device cuda --size distilbert --docs 4000 --words 230 --precision bf16
+
+The model is what flair fine-tunes in ``throughput.py``: the transformer, its first sub-token's state (flair's
+``cls_pooling``) and a linear layer, AdamW at 5e-5, gradients clipped to norm 5 (flair's ``max_grad_norm``), batches
+of 32 in the corpus's order, each padded to its longest review. Everything is tokenized before the loop, and
+nothing is read back from the device but the loss every ``--sync-every`` batches.
+
+Two modes, one after the other on the same device: ``train`` (dropout on, as flair fine-tunes) and ``eval``
+(``model.eval()``: no dropout, the loop of ``gpu_profile.py``'s ``pure`` mode, whose model ``from_pretrained``
+left in eval mode). Each prints samples/s over the epochs after the first five batches and the GPU's busy share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput import IMDB_WORDS, GpuBusy, _word_range, make_corpus  # noqa: E402
+
+BATCH = 32
+WARM_BATCHES = 5
+
+
+def batches(model_path: str, docs: int, words: tuple[int, int], device: str) -> list[tuple]:
+    """Each batch's ids, mask and labels, on the device, tokenized once."""
+    import torch
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    sentences = list(make_corpus(docs, words).train)
+    out = []
+    for start in range(0, len(sentences), BATCH):
+        chunk = sentences[start : start + BATCH]
+        encoded = tokenizer([s.to_original_text() for s in chunk], padding=True, truncation=True, return_tensors="pt")
+        labels = torch.tensor([s.get_label("sentiment").value == "POSITIVE" for s in chunk], dtype=torch.long)
+        out.append((encoded["input_ids"].to(device), encoded["attention_mask"].to(device), labels.to(device)))
+    return out
+
+
+def train(model_path: str, data: list[tuple], mode: str, precision: str, epochs: int, sync_every: int, device: str):
+    """Samples/s of ``epochs`` epochs over ``data`` after the first batches, and when they ran."""
+    import torch
+    from transformers import AutoModel
+
+    torch.manual_seed(42)
+    encoder = AutoModel.from_pretrained(model_path).to(device)
+    head = torch.nn.Linear(encoder.config.hidden_size, 2).to(device)
+    params = [*encoder.parameters(), *head.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=5e-5)
+    encoder.train(mode == "train")
+    head.train(mode == "train")
+    autocast = torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=precision == "bf16")
+    loss_fn = torch.nn.CrossEntropyLoss()
+    step = samples = 0
+    started = None
+    for _ in range(epochs):
+        for ids, mask, labels in data:
+            with autocast:
+                hidden = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+                loss = loss_fn(head(hidden[:, 0]).float(), labels)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 5.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if step % sync_every == 0:
+                loss.item()
+            if step == WARM_BATCHES:
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                started = time.time()
+            elif step > WARM_BATCHES:
+                samples += len(labels)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return samples / (time.time() - started), started, time.time()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--size", choices=["tiny", "distilbert"], default="distilbert")
+    parser.add_argument("--docs", type=int, default=4000)
+    parser.add_argument("--words", type=_word_range, default=IMDB_WORDS, help="words a review: N, or A-B")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--modes", default="train,eval", help="train (dropout on), eval (off), in this order")
+    parser.add_argument("--sync-every", type=int, default=1, help="read the loss back every N batches (flair: 1)")
+    parser.add_argument("--workdir", default="/tmp/flair_nbddp-bench")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from flair_nbddp.synthetic import tiny_transformer
+
+    model_path = tiny_transformer(Path(args.workdir) / f"model-{args.size}", size=args.size)
+    data = batches(model_path, args.docs, args.words, args.device)
+    for mode in args.modes.split(","):
+        busy = GpuBusy() if args.device.startswith("cuda") else None
+        rate, start, end = train(model_path, data, mode, args.precision, args.epochs, args.sync_every, args.device)
+        figures = {
+            "loop": "plain", "mode": mode, "precision": args.precision, "samples_per_s": round(rate, 1),
+            "gpu_busy_percent": busy.between(start, end) if busy else None, "size": args.size, "docs": args.docs,
+            "words": args.words, "epochs": args.epochs, "sync_every": args.sync_every,
+        }  # fmt: skip
+        print(json.dumps(figures), flush=True)
+
+
+if __name__ == "__main__":
+    main()
