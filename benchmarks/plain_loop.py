@@ -18,12 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput import IMDB_WORDS, GpuBusy, _word_range, make_corpus  # noqa: E402
+from throughput import IMDB_WORDS, GpuBusy, make_corpus, word_range
 
 BATCH = 32
 WARM_BATCHES = 5
@@ -89,7 +87,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--size", choices=["tiny", "distilbert"], default="distilbert")
     parser.add_argument("--docs", type=int, default=4000)
-    parser.add_argument("--words", type=_word_range, default=IMDB_WORDS, help="words a review: N, or A-B")
+    parser.add_argument("--words", type=word_range, default=IMDB_WORDS, help="words a review: N, or A-B")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--modes", default="train,eval", help="train (dropout on), eval (off), in this order")

@@ -28,7 +28,9 @@ call, and count samples/s after the first batch (overall and per epoch), summed 
 milliseconds per sample. On CUDA the GPU's busy share while it trains is sampled from ``nvidia-smi`` every
 0.2 s. ``BENCH_PROFILE=FILE`` profiles rank 0's training (cProfile) and writes its costliest functions there;
 ``BENCH_TRACE=DIR`` records batches 10-19 of rank 0's last epoch with ``torch.profiler`` and a sampler of every
-thread's Python stack, and writes them there for ``trace_gaps.py``. Prints one JSON line.
+thread's Python stack, and writes them there for ``trace_gaps.py``; ``BENCH_SYNCS=FILE`` (CUDA) writes every call of
+rank 0's training that made the CPU wait for the GPU (``torch.cuda.set_sync_debug_mode``), by the code that made
+it, with how many times a batch. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ T0_ENV = "FLAIR_NBDDP_BENCH_T0"
 PROFILE_ENV = "BENCH_PROFILE"  # a file: rank 0's training is profiled (cProfile) and its top functions written there
 TRACE_ENV = "BENCH_TRACE"  # a folder: batches of rank 0's last epoch are traced (torch.profiler) and written there
 TRACED_BATCHES = range(10, 20)
+SYNCS_ENV = "BENCH_SYNCS"  # a file: rank 0's synchronizing CUDA calls, by call site, written there
 IMDB_WORDS = (200, 260)  # words a generated review has by default: IMDB's length
 T0 = float(os.environ.get(T0_ENV) or time.time())
 HERE = Path(__file__).resolve().parent
@@ -116,7 +119,13 @@ def timed_fine_tune(
             multi_gpu=multi_gpu, plugins=plugins, save_final_model=False,
         )
 
-    scores = profiled(train) if os.environ.get(PROFILE_ENV) and flair.distributed_utils.is_main_process() else train()
+    main = flair.distributed_utils.is_main_process()
+    if os.environ.get(PROFILE_ENV) and main:
+        scores = profiled(train)
+    elif os.environ.get(SYNCS_ENV) and main:
+        scores = synchronizing_calls(train, lambda: timer.samples // batch + 1, Path(os.environ[SYNCS_ENV]))
+    else:
+        scores = train()
     rate = timer.samples / max(1e-9, timer.last_batch_at - timer.first_batch_at)
     epoch_rates = [samples / max(1e-9, last - first) for samples, first, last in timer.epochs if samples]
     cpu_ms = 1000 * (timer.cpu_at_last - timer.cpu_at_first) / max(1, timer.samples)
@@ -145,6 +154,37 @@ def profiled(train):
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
     Path(os.environ[PROFILE_ENV]).write_text(text.getvalue())
+    return value
+
+
+def synchronizing_calls(train, batches, path: Path):
+    """Run ``train`` with torch's sync debug mode on, and write each call site (the innermost frames outside torch)
+    that made the CPU wait for the GPU to ``path``: the times it did so per training batch (``batches()`` after
+    training), the costliest first."""
+    import traceback
+    import warnings
+    from collections import Counter
+
+    import torch
+
+    sites: Counter = Counter()
+
+    def note(message, category, filename, lineno, file=None, line=None):
+        frames = [frame for frame in traceback.extract_stack()[:-2] if "/torch/" not in frame.filename]
+        sites[" <- ".join(f"{Path(frame.filename).name}:{frame.lineno} {frame.name}" for frame in frames[:-5:-1])] += 1
+
+    shown = warnings.showwarning
+    warnings.showwarning = note
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = note
+            value = train()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        warnings.showwarning = shown
+    path.write_text("".join(f"{count / batches():8.2f}  {site}\n" for site, count in sites.most_common()))
     return value
 
 
@@ -367,7 +407,7 @@ def run_job(args) -> dict:
     return figures
 
 
-def _word_range(text: str) -> tuple[int, int]:
+def word_range(text: str) -> tuple[int, int]:
     low, _, high = text.partition("-")
     return int(low), int(high or low)
 
@@ -380,7 +420,7 @@ def main() -> None:
     parser.add_argument("--size", choices=["tiny", "distilbert"], default="distilbert")
     parser.add_argument("--docs", type=int, default=4000)
     parser.add_argument(
-        "--words", type=_word_range, default=IMDB_WORDS, help="words a review: N, or a range A-B (200-260)"
+        "--words", type=word_range, default=IMDB_WORDS, help="words a review: N, or a range A-B (200-260)"
     )  # fmt: skip
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--chunk", type=int, default=None)

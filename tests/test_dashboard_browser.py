@@ -37,8 +37,8 @@ def _progress_until_finished(page, timeout: float) -> list[float]:
         if 33 < seen[-1] < 100 and not any(33 < value < 100 for value in seen[:-1]):
             screenshot(page, "dashboard-running", ".nbddp-dashboard")
         status = page.inner_text(".nbddp-status")
-        if "finished" in status or "failed" in status:
-            return seen
+        if "finished" in status or "failed" in status:  # the bar read before this may be a refresh older
+            return [*seen, page.eval_on_selector(".nbddp-progress .progress-bar", PROGRESS_PERCENT)]
         time.sleep(0.25)
     raise AssertionError(f"the run did not end within {timeout} s; progress seen: {seen}")
 

@@ -101,6 +101,7 @@ def test_ranks_ship_what_they_tokenized_and_keep_each_others_once(word_ids):
     odd = {
         b"gap".ljust(16): [([2, 10, 11, 12, 3], [None, 0, 0, 2, None])],  # word positions kept in full
         b"windows".ljust(16): [([2, 11, 12, 3], [None, 0, 1, None]), ([2, 13, 3], [None, 2, None])],  # 2 rows
+        b"huge".ljust(16): [([2, *[10] * CHUNK, 3], [None, *range(CHUNK), None])],  # a chunk of its own
     }
     ranks = [Store(500, SPECIALS, word_ids=word_ids), Store(500, SPECIALS, word_ids=word_ids)]
     for rank, store in enumerate(ranks):
@@ -109,10 +110,11 @@ def test_ranks_ship_what_they_tokenized_and_keep_each_others_once(word_ids):
     for key, rows in odd.items():
         ranks[0].add(key, [(ids, words if word_ids else None) for ids, words in rows])
     shipments = [pickle.loads(pickle.dumps(store.ship())) for store in ranks]
-    assert [len(shipment) for shipment in shipments] == [402, 400]
-    assert ranks[1].absorb(shipments[0]) == 302 and ranks[0].absorb(shipments[1]) == 300
+    assert [len(shipment) for shipment in shipments] == [403, 400]
+    assert Store(500, SPECIALS, word_ids=word_ids).absorb(shipments[0], room=0) == 0  # a full worker takes none
+    assert ranks[1].absorb(shipments[0]) == 303 and ranks[0].absorb(shipments[1]) == 300
     assert ranks[1].absorb(shipments[0]) == 0  # held now
-    assert len(ranks[0]) == len(ranks[1]) == 702
+    assert len(ranks[0]) == len(ranks[1]) == 703
     wanted = [key for key, _, _ in reviews] + list(odd)
     assert [[(ids.tolist(), words) for ids, words in rows] for rows in ranks[0].rows(wanted)] == [
         [(ids.tolist(), words) for ids, words in rows] for rows in ranks[1].rows(wanted)

@@ -126,13 +126,14 @@ def shipments() -> dict[tuple[str, bytes], Any]:
 
 
 def absorb(shipments_: list[dict[tuple[str, bytes], Any]]) -> int:
-    """Keep the other ranks' shipments in the stores of the same tokenizer and settings; how many sentences were
-    new here. A store this worker does not have (a tokenizer it never used) takes nothing."""
+    """Keep the other ranks' shipments in the stores of the same tokenizer and settings, within ``KEEP_AT_MOST`` in
+    all; how many sentences were new here. A store this worker does not have (a tokenizer it never used) takes
+    nothing."""
     kept = 0
     for shipped in shipments_:
         for name, shipment in shipped.items():
-            if name in _STORES and kept_bytes() < KEEP_AT_MOST:
-                kept += _STORES[name].absorb(shipment)
+            if name in _STORES:
+                kept += _STORES[name].absorb(shipment, room=max(0, KEEP_AT_MOST - kept_bytes()))
     return kept
 
 

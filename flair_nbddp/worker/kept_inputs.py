@@ -171,15 +171,19 @@ class Store:
                 explicit={index: self._explicit[row] for index, row in enumerate(flat) if row in self._explicit},
             )
 
-    def absorb(self, shipment: Shipment) -> int:
-        """Keep a shipment's sentences that this store does not hold; how many. The shipment comes from a store of
-        the same tokenizer and settings (hence of the same vocabulary and integer type)."""
+    def absorb(self, shipment: Shipment, room: int | None = None) -> int:
+        """Keep a shipment's sentences that this store does not hold, while what they add stays within ``room``
+        bytes (any, if None); how many. The shipment comes from a store of the same tokenizer and settings (hence
+        of the same vocabulary and integer type)."""
         keys = [shipment.keys[at : at + 16] for at in range(0, len(shipment.keys), 16)]
         ends = np.cumsum(shipment.lengths)
         row = kept = 0
         with self._lock:
             held = self._find(keys)
+            grown = self.nbytes
             for name, count, known in zip(keys, shipment.rows.tolist(), held):
+                if room is not None and self.nbytes - grown >= room:
+                    break
                 if known is None:
                     for index in range(row, row + count):
                         values = shipment.stored[ends[index] - shipment.lengths[index] : ends[index]]

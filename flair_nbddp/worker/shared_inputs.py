@@ -10,7 +10,8 @@ on, no rank tokenizes a training sentence again. Evaluation splits go the same w
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from flair.trainers.plugins import TrainerPlugin
 
