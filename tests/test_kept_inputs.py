@@ -125,3 +125,10 @@ def test_ranks_ship_what_they_tokenized_and_keep_each_others_once(word_ids):
     ranks[1].add(b"later".ljust(16), [([2, 5, 3], [None, 0, None] if word_ids else None)])
     later = ranks[1].ship()
     assert len(later) == 1 and ranks[0].absorb(later) == 1
+    empty = Store(500, SPECIALS, word_ids=word_ids)  # a first row without sub-tokens takes no chunk
+    empty.add(b"nothing".ljust(16), [([], [] if word_ids else None)])
+    received = Store(500, SPECIALS, word_ids=word_ids)
+    assert received.absorb(empty.ship()) == 1
+    assert [(ids.tolist(), words) for ids, words in received.rows([b"nothing".ljust(16)])[0]] == [
+        ([], [] if word_ids else None)
+    ]

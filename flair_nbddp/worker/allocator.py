@@ -7,8 +7,9 @@ and allocates the same tensors every batch (a tiny transformer's attention score
 was system time (0.24 of 1.73 s, 20 steps; none with the settings below). Raising both thresholds keeps the blocks
 in the heap. The arithmetic is untouched: results are the same, bit for bit.
 
-A worker keeps at most :data:`TRIM_THRESHOLD` of freed memory at the heap's top while it trains, and hands all it
-can back (``malloc_trim``) between jobs. Settings the user made (``MALLOC_*_`` variables, ``glibc.malloc``
+While a job runs, freed memory stays with the worker (up to :data:`TRIM_THRESHOLD` at the main heap's top, and what
+lies below it or in threads' arenas), so a worker's resident memory stays near its peak; between jobs it hands all
+it can back (``malloc_trim``). Settings the user made (``MALLOC_*_`` variables, ``glibc.malloc``
 tunables) are left as they are, and so is any C library other than glibc.
 """
 
@@ -30,7 +31,7 @@ TRIM_THRESHOLD = 512 << 20
 def _glibc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL(None)
-    except OSError:
+    except (OSError, TypeError):  # TypeError: Windows has no process-wide namespace to open
         return None
     return libc if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt") else None
 

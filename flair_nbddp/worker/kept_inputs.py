@@ -27,6 +27,7 @@ _KEY = np.dtype("V16")
 _MERGE_AT = 256  # newest keys held in a dict before they join the sorted arrays (or a 32nd of those, if more)
 
 _SERIALS = itertools.count()
+_SENTENCE_BYTES = 40  # what a sentence costs beyond its rows: its key in the index, its first row, where it came from
 
 Row = tuple[np.ndarray, Optional[list[Optional[int]]]]  # ids (int64), word positions (or None when not kept)
 
@@ -94,6 +95,7 @@ class Store:
         self._starts, self._lengths = _Column(np.int64), _Column(np.int32)
         self._bases = _Column(np.int32)  # per row: its first word's position, less one (kept with word ids only)
         self._explicit: dict[int, np.ndarray] = {}  # row -> word positions that do not follow from the marks
+        self._explicit_bytes = 0
         self._first_rows = _Column(np.int32)  # per sentence, in the order kept; one more at the end
         self._first_rows.append(0)
         self._sorted_keys, self._sorted_sentences = np.empty(0, _KEY), np.empty(0, np.int32)
@@ -109,11 +111,13 @@ class Store:
     def nbytes(self) -> int:
         """What the kept rows and their index take: sub-tokens (of the last chunk, what is used), row and sentence
         tables, keys (the newest at what a dict entry and its key cost), word positions kept in full."""
-        used = sum(chunk.nbytes for chunk in self._chunks[:-1])
-        used += self._used * self._chunks[-1].itemsize if self._chunks else 0
-        tables = sum(column.nbytes for column in (self._starts, self._lengths, self._bases, self._first_rows))
-        index = self._sorted_keys.nbytes + self._sorted_sentences.nbytes + 120 * len(self._newest)
-        return used + tables + index + sum(words.nbytes for words in self._explicit.values())
+        with self._lock:
+            used = sum(chunk.nbytes for chunk in self._chunks[:-1])
+            used += self._used * self._chunks[-1].itemsize if self._chunks else 0
+            columns = (self._starts, self._lengths, self._bases, self._first_rows, self._local)
+            tables = sum(column.nbytes for column in columns)
+            index = self._sorted_keys.nbytes + self._sorted_sentences.nbytes + 120 * len(self._newest)
+            return used + tables + index + self._explicit_bytes
 
     def sub_tokens(self) -> int:
         """How many sub-tokens are kept."""
@@ -177,19 +181,21 @@ class Store:
         of the same vocabulary and integer type)."""
         keys = [shipment.keys[at : at + 16] for at in range(0, len(shipment.keys), 16)]
         ends = np.cumsum(shipment.lengths)
-        row = kept = 0
+        row = kept = grown = 0
         with self._lock:
             held = self._find(keys)
-            grown = self.nbytes
             for name, count, known in zip(keys, shipment.rows.tolist(), held):
-                if room is not None and self.nbytes - grown >= room:
+                if room is not None and grown >= room:
                     break
                 if known is None:
                     for index in range(row, row + count):
                         values = shipment.stored[ends[index] - shipment.lengths[index] : ends[index]]
                         base = int(shipment.bases[index]) if self.word_ids else 0
-                        self._place(values, base, shipment.explicit.get(index))
+                        words = shipment.explicit.get(index)
+                        self._place(values, base, words)
+                        grown += values.nbytes + 16 + (0 if words is None else 4 * len(words))
                     self._kept(name, local=False)
+                    grown += _SENTENCE_BYTES
                     kept += 1
                 row += count
         return kept
@@ -209,6 +215,13 @@ class Store:
         row = self._starts.size
         if explicit is not None:
             self._explicit[row] = explicit.astype(np.int32)
+            self._explicit_bytes += self._explicit[row].nbytes
+        if not len(stored):  # no sub-tokens (a tokenizer without special tokens, a sentence of none): no chunk
+            self._starts.append(0)
+            self._lengths.append(0)
+            if self.word_ids:
+                self._bases.append(base)
+            return
         if self._used + len(stored) > CHUNK:  # a row longer than a chunk gets one of its own size
             self._chunks.append(np.empty(max(CHUNK, len(stored)), self._type))
             self._used = 0
@@ -242,6 +255,8 @@ class Store:
     def _stored(self, row: int) -> np.ndarray:
         """A row's values as kept (ids with their word marks), a view of its chunk."""
         start, length = int(self._starts.data[row]), int(self._lengths.data[row])
+        if not length:
+            return np.empty(0, self._type)
         if start >= 0:
             return self._chunks[start // CHUNK][start % CHUNK : start % CHUNK + length]
         return self._chunks[-1 - start][:length]  # a row with a chunk of its own
