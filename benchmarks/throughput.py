@@ -173,17 +173,14 @@ def synchronizing_calls(train, batches, path: Path):
         frames = [frame for frame in traceback.extract_stack()[:-2] if "/torch/" not in frame.filename]
         sites[" <- ".join(f"{Path(frame.filename).name}:{frame.lineno} {frame.name}" for frame in frames[:-5:-1])] += 1
 
-    shown = warnings.showwarning
-    warnings.showwarning = note
     torch.cuda.set_sync_debug_mode("warn")
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():  # restores the filters and showwarning on the way out
             warnings.simplefilter("always")
             warnings.showwarning = note
             value = train()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-        warnings.showwarning = shown
     path.write_text("".join(f"{count / batches():8.2f}  {site}\n" for site, count in sites.most_common()))
     return value
 

@@ -16,6 +16,7 @@ tunables) are left as they are, and so is any C library other than glibc.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 
 M_TRIM_THRESHOLD = -1
@@ -28,6 +29,7 @@ OLD_GLIBC_MMAP_THRESHOLD = 32 << 20
 TRIM_THRESHOLD = 512 << 20
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL(None)
@@ -45,9 +47,10 @@ def _user_chose() -> bool:
 def keep_freed_blocks() -> bool:
     """Raise glibc's mmap and trim thresholds for this process; True if they were raised.
 
-    Example:
-        >>> keep_freed_blocks() in (True, False)
-        True
+    Example (what a worker does first; it changes the whole process's allocator)::
+
+        if not keep_freed_blocks():
+            print("another C library, or the user's own MALLOC_* settings: left as they are")
     """
     libc = _glibc()
     if libc is None or _user_chose():

@@ -27,6 +27,7 @@ _KEY = np.dtype("V16")
 _MERGE_AT = 256  # newest keys held in a dict before they join the sorted arrays (or a 32nd of those, if more)
 
 _SERIALS = itertools.count()
+_ROW_BYTES = 16  # what a row costs beyond its sub-tokens: its start, its length, its first word
 _SENTENCE_BYTES = 40  # what a sentence costs beyond its rows: its key in the index, its first row, where it came from
 
 Row = tuple[np.ndarray, Optional[list[Optional[int]]]]  # ids (int64), word positions (or None when not kept)
@@ -193,7 +194,7 @@ class Store:
                         base = int(shipment.bases[index]) if self.word_ids else 0
                         words = shipment.explicit.get(index)
                         self._place(values, base, words)
-                        grown += values.nbytes + 16 + (0 if words is None else 4 * len(words))
+                        grown += values.nbytes + _ROW_BYTES + (0 if words is None else 4 * len(words))  # positions: int32
                     self._kept(name, local=False)
                     grown += _SENTENCE_BYTES
                     kept += 1
