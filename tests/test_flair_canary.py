@@ -1,7 +1,7 @@
 """The flair canary: every flair name the kit patches, wraps, calls, subclasses or reads is where the kit expects it.
 
 The kit bends flair 0.15.x in its workers (``flair_compat.py``, ``distributed_eval.py``, ``lazy_corpus.py``,
-``fast_inputs.py``, ``precision.py``) and
+``fast_inputs.py``, ``no_waits.py``, ``precision.py``) and
 reads its data structures attribute by attribute (``codec.py``). A flair release that moves or renames one of
 these fails here in seconds, naming it, instead of deep inside a multi-process test. Fast tier: nothing starts.
 """
@@ -36,6 +36,11 @@ ATTRIBUTES = [
     # fast_inputs: the private method that calls the tokenizer, and what decides whether the kit can serve it
     "flair.embeddings.transformer.TransformerBaseEmbeddings._TransformerBaseEmbeddings__build_transformer_model_inputs",
     "flair.embeddings.transformer.TransformerBaseEmbeddings.prepare_tensors",
+    # no_waits: the layer selection, the label building and transformers' mask check answered from the host
+    "flair.embeddings.transformer.TransformerEmbeddings.forward", "flair.nn.DefaultClassifier._prepare_label_tensor",
+    "flair.models.SequenceTagger._prepare_label_tensor",
+    "transformers.models.distilbert.modeling_distilbert._prepare_4d_attention_mask_for_sdpa",
+    "transformers.modeling_attn_mask_utils.AttentionMaskConverter._expand_mask",
     # precision: what flair's use_amp path creates (the kit sets the autocast type through torch's public setters)
     "torch.cuda.amp.GradScaler",
 ]  # fmt: skip
@@ -59,6 +64,9 @@ PARAMETERS = {
     "flair.data.Corpus.__init__": ("train", "dev", "test", "name", "sample_missing_splits"),
     "flair.data.Sentence.__init__": ("text", "use_tokenizer"),
     "flair.data.Label.__init__": ("data_point", "value", "score"),
+    "flair.embeddings.transformer.TransformerEmbeddings.forward": ("input_ids",),
+    "transformers.modeling_attn_mask_utils._prepare_4d_attention_mask_for_sdpa": ("mask", "dtype", "tgt_len"),
+    "transformers.modeling_attn_mask_utils.AttentionMaskConverter._expand_mask": ("mask", "dtype", "tgt_len"),
 }  # fmt: skip
 
 

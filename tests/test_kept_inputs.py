@@ -132,3 +132,33 @@ def test_ranks_ship_what_they_tokenized_and_keep_each_others_once(word_ids):
     assert [(ids.tolist(), words) for ids, words in received.rows([b"nothing".ljust(16)])[0]] == [
         ([], [] if word_ids else None)
     ]
+
+
+def test_shipments_of_a_bounded_size_carry_every_sentence_once_in_order():
+    reviews = _reviews(300, vocabulary=500)
+    store = Store(500, SPECIALS, word_ids=True)
+    for key, ids, words in reviews[:250]:
+        store.add(key, [(ids, words)])
+    store.absorb(_shipped_elsewhere(reviews[250:]))  # received: never shipped on
+    at_most = 20 * (16 + 250 * 2 + 16)  # 20 sentences of 250 sub-tokens
+    pieces = []
+    while store.unshipped():
+        pieces.append(store.ship(at_most))
+    assert [len(piece) for piece in pieces] == [20] * 12 + [10]
+    assert all(piece.nbytes <= at_most for piece in pieces)
+    assert b"".join(piece.keys for piece in pieces) == b"".join(key for key, _, _ in reviews[:250])
+    received = Store(500, SPECIALS, word_ids=True)
+    assert sum(received.absorb(piece) for piece in pieces) == 250
+    wanted = [key for key, _, _ in reviews[:250]]
+    assert [[(ids.tolist(), words) for ids, words in rows] for rows in received.rows(wanted)] == [
+        [(ids.tolist(), words) for ids, words in rows] for rows in store.rows(wanted)
+    ]
+    store.add(b"long".ljust(16), [([2, *[10] * 3000, 3], [None, *range(3000), None])])  # over the bound alone
+    assert len(store.ship(at_most)) == 1 and not store.unshipped()
+
+
+def _shipped_elsewhere(reviews: list) -> object:
+    other = Store(500, SPECIALS, word_ids=True)
+    for key, ids, words in reviews:
+        other.add(key, [(ids, words)])
+    return other.ship()

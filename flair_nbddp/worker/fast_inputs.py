@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from . import input_thread
+from . import input_thread, no_waits
 from .kept_inputs import Row, Store, key
 
 _BUILD = "_TransformerBaseEmbeddings__build_transformer_model_inputs"  # flair's private method, name-mangled
@@ -69,11 +69,14 @@ def install() -> None:
             settings = _settings(self)
             input_thread.watch(self, store_for(self.tokenizer, settings), settings)
         real = self.tokenizer
-        self.__dict__["tokenizer"] = CachingTokenizer(real, keep_word_ids=bool(self.token_embedding))
+        caching = self.__dict__["tokenizer"] = CachingTokenizer(real, keep_word_ids=bool(self.token_embedding))
         try:
-            return original(self, sentences, offsets, lengths, flair_tokens, device)
+            inputs = original(self, sentences, offsets, lengths, flair_tokens, device)
         finally:
             self.__dict__["tokenizer"] = real
+        if caching.mask_all_ones is not None and "attention_mask" in inputs:
+            no_waits.answer_mask_check(self.model, inputs["attention_mask"], caching.mask_all_ones)
+        return inputs
 
     build._flair_nbddp_fast_inputs = True
     setattr(TransformerBaseEmbeddings, _BUILD, build)
@@ -120,21 +123,40 @@ def fingerprint(tokenizer: Any) -> str:
     return known
 
 
-def shipments() -> dict[tuple[str, bytes], Any]:
-    """This job's stores' sentences tokenized here since the last call, by store name (for the other ranks)."""
-    return {name: _STORES[name].ship() for name in sorted(_JOB.used) if name in _STORES}
+def shipments(at_most: int | None = None) -> dict[tuple[str, bytes], Any]:
+    """This job's stores' sentences tokenized here since the last call, by store name (for the other ranks): about
+    ``at_most`` bytes of them, if given, the rest left for the next calls (:func:`unshipped`)."""
+    shipped = {}
+    for name in sorted(_JOB.used):
+        if name in _STORES and (at_most is None or at_most > 0):
+            shipped[name] = _STORES[name].ship(at_most)
+            at_most = None if at_most is None else at_most - shipped[name].nbytes
+    return shipped
+
+
+def unshipped() -> bool:
+    """Whether sentences of this job's stores tokenized here wait for a shipment."""
+    return any(_STORES[name].unshipped() for name in _JOB.used if name in _STORES)
 
 
 def absorb(shipments_: list[dict[tuple[str, bytes], Any]]) -> int:
     """Keep the other ranks' shipments in the stores of the same tokenizer and settings, within ``KEEP_AT_MOST`` in
-    all; how many sentences were new here. A store this worker does not have (a tokenizer it never used) takes
-    nothing."""
+    all (when they reach it, what only earlier jobs read is let go first); how many sentences were new here. A store
+    this worker does not have (a tokenizer it never used) takes nothing."""
     kept = 0
     for shipped in shipments_:
         for name, shipment in shipped.items():
             if name in _STORES:
-                kept += _STORES[name].absorb(shipment, room=max(0, KEEP_AT_MOST - kept_bytes()))
+                kept += _STORES[name].absorb(shipment, room=_room())
     return kept
+
+
+def _room() -> int:
+    """The bytes left under ``KEEP_AT_MOST``; when none are, what only earlier jobs read is let go first."""
+    if kept_bytes() >= KEEP_AT_MOST:
+        for unused in set(_STORES) - _JOB.used:
+            del _STORES[unused]
+    return max(0, KEEP_AT_MOST - kept_bytes())
 
 
 def kept_bytes() -> int:
@@ -168,11 +190,7 @@ def encode(tokenizer: Any, store: Store, keys: list[bytes], words: list[list[str
     found: list[list] = [[] for _ in words]
     for row, sample in enumerate(samples):
         found[sample].append((encoding["input_ids"][row], encoding.word_ids(row) if settings.word_ids else None))
-    room = kept_bytes() < KEEP_AT_MOST
-    if not room and set(_STORES) - _JOB.used:  # full: let go of what only earlier jobs read
-        for unused in set(_STORES) - _JOB.used:
-            del _STORES[unused]
-        room = kept_bytes() < KEEP_AT_MOST
+    room = _room() > 0
     if not room:
         _notice("room", f"flair_nbddp: the kept encodings reached {KEEP_AT_MOST >> 20} MB in this worker; "
                         "sentences not kept yet are tokenized in each batch, as flair does")  # fmt: skip
@@ -209,6 +227,7 @@ class CachingTokenizer:
 
     def __init__(self, real: Any, keep_word_ids: bool) -> None:
         self._real, self._keep_word_ids = real, keep_word_ids
+        self.mask_all_ones: bool | None = None  # whether the attention mask of the batch it built is all ones
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
@@ -247,12 +266,22 @@ class CachingTokenizer:
             if self._keep_word_ids:
                 pad = [None] * (length - len(row))
                 word_ids.append(words + pad if right else pad + words)
-        data = {"input_ids": torch.from_numpy(ids)}
+        data = {"input_ids": _host_tensor(ids)}
         if "attention_mask" in self._real.model_input_names:
-            data["attention_mask"] = torch.from_numpy(mask)
+            data["attention_mask"] = _host_tensor(mask)
+            self.mask_all_ones = bool(mask.all())
         if overflow:
             data["overflow_to_sample_mapping"] = torch.tensor([sample for sample, _ in rows], dtype=torch.long)
         return _kept_encoding_type()(data, word_ids)
+
+
+def _host_tensor(array: np.ndarray) -> Any:
+    """``array`` as a tensor; in pinned memory where flair copies it to a GPU, so the copy does not wait."""
+    import flair
+    import torch
+
+    tensor = torch.from_numpy(array)
+    return tensor.pin_memory() if flair.device.type == "cuda" else tensor
 
 
 @functools.cache

@@ -49,6 +49,12 @@ class Shipment:
     def __len__(self) -> int:
         return len(self.rows)
 
+    @property
+    def nbytes(self) -> int:
+        """What the shipment's arrays take."""
+        arrays = (self.rows, self.lengths, self.stored, self.bases, *self.explicit.values())
+        return len(self.keys) + sum(array.nbytes for array in arrays)
+
 
 class _Column:
     """A growing array of one type, its spare capacity at most a quarter of what it holds."""
@@ -156,12 +162,16 @@ class Store:
         if len(self._newest) >= max(_MERGE_AT, len(self._sorted_keys) // 32):
             self._merge()
 
-    def ship(self) -> Shipment:
+    def ship(self, at_most: int | None = None) -> Shipment:
         """The sentences tokenized here since the last shipment (none received from elsewhere), in their stored
-        form, for the other ranks' stores (:meth:`absorb`)."""
+        form, for the other ranks' stores (:meth:`absorb`): those whose sub-tokens and rows take ``at_most`` bytes,
+        if given (at least one sentence; the rest go in the next shipments, :meth:`unshipped`)."""
         with self._lock:
             sentences = self._shipped + np.flatnonzero(self._local.data[self._shipped : len(self)])
-            self._shipped = len(self)
+            if at_most is not None and len(sentences):
+                fitting = int(np.searchsorted(np.cumsum(self._sizes(sentences)), at_most, side="right"))
+                sentences = sentences[: max(1, fitting)]
+            self._shipped = int(sentences[-1]) + 1 if len(sentences) else len(self)
             keys = self._keys_of(sentences)
             first = self._first_rows.data
             rows = [range(int(first[sentence]), int(first[sentence + 1])) for sentence in sentences]
@@ -175,6 +185,19 @@ class Store:
                 bases=self._bases.data[flat].copy() if self.word_ids else np.empty(0, np.int32),
                 explicit={index: self._explicit[row] for index, row in enumerate(flat) if row in self._explicit},
             )
+
+    def unshipped(self) -> bool:
+        """Whether sentences tokenized here wait for a shipment."""
+        with self._lock:
+            return bool(self._local.data[self._shipped : len(self)].any())
+
+    def _sizes(self, sentences: np.ndarray) -> np.ndarray:
+        """What each of the sentences numbered ``sentences`` takes in a shipment: its key, sub-tokens and rows."""
+        first = self._first_rows.data
+        row_ends = np.concatenate([[0], np.cumsum(self._lengths.data[: self._lengths.size], dtype=np.int64)])
+        starts, ends = first[sentences], first[sentences + 1]
+        rows = (ends - starts).astype(np.int64)
+        return 16 + (row_ends[ends] - row_ends[starts]) * np.dtype(self._type).itemsize + rows * _ROW_BYTES
 
     def absorb(self, shipment: Shipment, room: int | None = None) -> int:
         """Keep a shipment's sentences that this store does not hold, while what they add stays within ``room``

@@ -54,7 +54,7 @@ from ..wire.events import (
     Started,
     WorkerSpec,
 )
-from . import allocator, checkpoint_files, ddp_exec, distributed_eval, fast_inputs, precision
+from . import allocator, checkpoint_files, ddp_exec, distributed_eval, fast_inputs, no_waits, precision
 from .counters import TrainingCounters
 
 HEARTBEAT_SECONDS = 1.0
@@ -218,6 +218,7 @@ def _bend_flair(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
     distributed_eval.install(spec.rank, spec.world_size, vitals.control_group, vitals.store)
     lazy_corpus.keep_stored_embeddings()
     fast_inputs.install()
+    no_waits.install(flair_compat.model_subclasses())
     precision.install()
     vitals.flair_logger.remember()  # with the handlers flair's import configured (which dropped any other)
     _attach_warnings(vitals)
