@@ -137,9 +137,11 @@ def test_ranks_ship_what_they_tokenized_and_keep_each_others_once(word_ids):
 def test_shipments_of_a_bounded_size_carry_every_sentence_once_in_order():
     reviews = _reviews(300, vocabulary=500)
     store = Store(500, SPECIALS, word_ids=True)
-    for key, ids, words in reviews[:250]:
+    for key, ids, words in reviews[:125]:
         store.add(key, [(ids, words)])
-    store.absorb(_shipped_elsewhere(reviews[250:]))  # received: never shipped on
+    store.absorb(_shipped_elsewhere(reviews[250:]))  # received between the ones tokenized here: never shipped on
+    for key, ids, words in reviews[125:250]:
+        store.add(key, [(ids, words)])
     at_most = 20 * (16 + 250 * 2 + 16)  # 20 sentences of 250 sub-tokens
     pieces = []
     while store.unshipped():
@@ -155,6 +157,11 @@ def test_shipments_of_a_bounded_size_carry_every_sentence_once_in_order():
     ]
     store.add(b"long".ljust(16), [([2, *[10] * 3000, 3], [None, *range(3000), None])])  # over the bound alone
     assert len(store.ship(at_most)) == 1 and not store.unshipped()
+    for key, ids, words in reviews[:40]:  # every other word without sub-tokens: word positions kept in full
+        gaps = [None if word is None else 2 * word for word in words]
+        store.add(key[:15] + b"g", [(ids, gaps)])
+    gapped = store.ship(at_most)
+    assert len(gapped.explicit) == len(gapped) < 40 and gapped.nbytes <= at_most
 
 
 def _shipped_elsewhere(reviews: list) -> object:

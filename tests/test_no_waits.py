@@ -4,6 +4,8 @@ taken from the host instead of the device."""
 from __future__ import annotations
 
 import flair
+import flair.embeddings.transformer
+import flair.trainers.trainer
 import pytest
 import torch
 from flair.embeddings import TransformerDocumentEmbeddings, TransformerWordEmbeddings
@@ -13,7 +15,7 @@ from transformers.modeling_attn_mask_utils import _prepare_4d_attention_mask_for
 from transformers.models.distilbert import modeling_distilbert
 
 from flair_nbddp.synthetic import ner_corpus, sentiment_corpus
-from flair_nbddp.worker import fast_inputs, no_waits
+from flair_nbddp.worker import fast_inputs, input_thread, no_waits
 from flair_nbddp.worker.flair_compat import model_subclasses
 
 
@@ -45,10 +47,15 @@ def test_the_mask_check_answers_from_the_host_with_transformers_own_masks(monkey
     assert ours[1] is None is flairs[1]
     assert ours[0].dtype == flairs[0].dtype and torch.equal(ours[0], flairs[0])
     assert len(asked) == 1
+    monkeypatch.setattr(torch.jit, "is_tracing", lambda: True)  # a traced graph holds the mask, as transformers makes it
+    assert answering(full, torch.float32, 4) == "transformers' own" and len(asked) == 2
 
 
 def test_fast_inputs_tell_the_models_mask_check_the_answer_and_its_outputs_stay_bit_for_bit(tiny_model_path, monkeypatch):
     monkeypatch.setattr(modeling_distilbert, no_waits._MASK_CHECK, getattr(modeling_distilbert, no_waits._MASK_CHECK))
+    monkeypatch.setattr(flair.trainers.trainer, "DataLoader", flair.trainers.trainer.DataLoader)
+    monkeypatch.setattr(input_thread, "_ENCODE", input_thread._ENCODE)
+    monkeypatch.setattr(fast_inputs, "_JOB", fast_inputs._JOB)
     monkeypatch.setattr(fast_inputs, "_STORES", {})
     build = fast_inputs._BUILD
     monkeypatch.setattr(TransformerBaseEmbeddings, build, getattr(TransformerBaseEmbeddings, build))
@@ -78,12 +85,21 @@ def _embedded(embedding, sentences) -> tuple[torch.Tensor, list[torch.Tensor]]:
     return tensors.detach(), [param.grad.clone() for param in embedding.model.parameters() if param.grad is not None]
 
 
-def test_the_layers_picked_by_an_index_on_the_device_are_flairs_bit_for_bit_and_stay_a_list(tiny_model_path, restored):
+def test_the_layers_picked_by_an_index_on_the_device_are_flairs_bit_for_bit_and_stay_a_list(tiny_model_path, restored,
+                                                                                            monkeypatch):
     embedding = TransformerWordEmbeddings(tiny_model_path, layers="-1,-2,0", subtoken_pooling="mean")
     sentences = list(sentiment_corpus(n_train=6, n_dev=1, n_test=1, words=(3, 12), seed=5).train)
     flairs = _embedded(embedding, sentences)
     no_waits.install(model_subclasses())
+    truncate, indexes = flair.embeddings.transformer.truncate_hidden_states, []
+
+    def noting_the_index(hidden_states, input_ids):  # flair calls it just before it picks the layers
+        indexes.append(embedding.layer_indexes)
+        return truncate(hidden_states, input_ids)
+
+    monkeypatch.setattr(flair.embeddings.transformer, "truncate_hidden_states", noting_the_index)
     ours = _embedded(embedding, sentences)
+    assert len(indexes) == 1 and torch.equal(indexes[0], torch.tensor([-1, -2, 0]))
     assert torch.equal(flairs[0], ours[0])
     assert len(flairs[1]) == len(ours[1]) > 0 and all(torch.equal(a, b) for a, b in zip(flairs[1], ours[1]))
     assert embedding.layer_indexes == [-1, -2, 0] and embedding.to_params()["layers"] == "-1,-2,0"

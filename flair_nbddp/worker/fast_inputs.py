@@ -155,7 +155,7 @@ def _room() -> int:
     """The bytes left under ``KEEP_AT_MOST``; when none are, what only earlier jobs read is let go first."""
     if kept_bytes() >= KEEP_AT_MOST:
         for unused in set(_STORES) - _JOB.used:
-            del _STORES[unused]
+            _STORES.pop(unused, None)  # the other thread may have let it go meanwhile
     return max(0, KEEP_AT_MOST - kept_bytes())
 
 

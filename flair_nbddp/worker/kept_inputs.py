@@ -192,12 +192,16 @@ class Store:
             return bool(self._local.data[self._shipped : len(self)].any())
 
     def _sizes(self, sentences: np.ndarray) -> np.ndarray:
-        """What each of the sentences numbered ``sentences`` takes in a shipment: its key, sub-tokens and rows."""
+        """What each of the sentences numbered ``sentences`` (ascending) takes in a shipment: its key, sub-tokens,
+        rows and word positions kept in full."""
         first = self._first_rows.data
-        row_ends = np.concatenate([[0], np.cumsum(self._lengths.data[: self._lengths.size], dtype=np.int64)])
-        starts, ends = first[sentences], first[sentences + 1]
-        rows = (ends - starts).astype(np.int64)
-        return 16 + (row_ends[ends] - row_ends[starts]) * np.dtype(self._type).itemsize + rows * _ROW_BYTES
+        low, high = int(first[sentences[0]]), int(first[sentences[-1] + 1])  # the rows they span
+        row_bytes = self._lengths.data[low:high].astype(np.int64) * np.dtype(self._type).itemsize + _ROW_BYTES
+        for row, positions in self._explicit.items():
+            if low <= row < high:
+                row_bytes[row - low] += positions.nbytes
+        ends = np.concatenate([[0], np.cumsum(row_bytes)])
+        return 16 + ends[first[sentences + 1] - low] - ends[first[sentences] - low]
 
     def absorb(self, shipment: Shipment, room: int | None = None) -> int:
         """Keep a shipment's sentences that this store does not hold, while what they add stays within ``room``

@@ -34,6 +34,7 @@ _ANSWER = "_flair_nbddp_all_ones"  # on an attention mask the kit built: whether
 _MASK_CHECK = "_prepare_4d_attention_mask_for_sdpa"  # transformers' function, by the name its models import it
 _ANSWERING = "_flair_nbddp_answers"
 _INDEXES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # embedding -> (list, device, index tensor)
+_TOLD: weakref.WeakSet = weakref.WeakSet()  # models whose modules' mask checks answer from the mask
 
 
 def install(model_classes: list[type]) -> None:
@@ -62,20 +63,33 @@ def answer_mask_check(model: Any, mask: Any, all_ones: bool) -> None:
         True
     """
     setattr(mask, _ANSWER, all_ones)
+    if model in _TOLD:
+        return
+    _TOLD.add(model)
     for name in {type(module).__module__ for module in model.modules()}:
         module = sys.modules.get(name)
-        check = getattr(module, _MASK_CHECK, None)
-        if check is not None and not getattr(check, _ANSWERING, False):
-            answering = _answered_mask_check(check)
+        if module is not None and getattr(module, _MASK_CHECK, None) is _transformers_mask_check():
+            answering = _answered_mask_check(getattr(module, _MASK_CHECK))
             if answering is not None:
                 setattr(module, _MASK_CHECK, answering)
 
 
-def _answered_mask_check(check: Callable) -> Callable | None:
-    """``check``, answering from the mask when the kit told it whether the mask is all ones (None where this
-    transformers version has no mask expansion of its own to call)."""
+def _transformers_mask_check() -> Callable | None:
     try:
+        from transformers import modeling_attn_mask_utils
+    except ImportError:
+        return None
+    return getattr(modeling_attn_mask_utils, _MASK_CHECK, None)
+
+
+def _answered_mask_check(check: Callable) -> Callable | None:
+    """``check``, answering from the mask when the kit told it whether the mask is all ones, except while the model
+    is traced or compiled (the traced graph must hold the mask, as transformers makes it); None where this
+    transformers version has no mask expansion of its own to call."""
+    try:
+        import torch
         from transformers.modeling_attn_mask_utils import AttentionMaskConverter
+        from transformers.utils.import_utils import is_torchdynamo_compiling
 
         expand = AttentionMaskConverter._expand_mask
     except (ImportError, AttributeError):
@@ -84,7 +98,8 @@ def _answered_mask_check(check: Callable) -> Callable | None:
     @functools.wraps(check)
     def answered(mask: Any, dtype: Any, tgt_len: int | None = None) -> Any:
         all_ones = getattr(mask, _ANSWER, None)
-        if all_ones is None:
+        tracing = torch.jit.is_tracing() or isinstance(mask, torch.fx.Proxy) or is_torchdynamo_compiling()
+        if all_ones is None or tracing:
             return check(mask, dtype, tgt_len)
         return None if all_ones else expand(mask=mask, dtype=dtype, tgt_len=tgt_len)
 
@@ -127,8 +142,8 @@ def _labels_from_host(prepare: Callable) -> Callable:
         device = flair.device
         if device.type != "cuda":
             return prepare(self, *args, **kwargs)
-        flair.device = torch.device("cpu")
         try:
+            flair.device = torch.device("cpu")
             labels = prepare(self, *args, **kwargs)
         finally:
             flair.device = device
