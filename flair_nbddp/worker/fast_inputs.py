@@ -266,22 +266,13 @@ class CachingTokenizer:
             if self._keep_word_ids:
                 pad = [None] * (length - len(row))
                 word_ids.append(words + pad if right else pad + words)
-        data = {"input_ids": _host_tensor(ids)}
+        data = {"input_ids": no_waits.host_tensor(torch.from_numpy(ids))}
         if "attention_mask" in self._real.model_input_names:
-            data["attention_mask"] = _host_tensor(mask)
+            data["attention_mask"] = no_waits.host_tensor(torch.from_numpy(mask))
             self.mask_all_ones = bool(mask.all())
         if overflow:
             data["overflow_to_sample_mapping"] = torch.tensor([sample for sample, _ in rows], dtype=torch.long)
         return _kept_encoding_type()(data, word_ids)
-
-
-def _host_tensor(array: np.ndarray) -> Any:
-    """``array`` as a tensor; in pinned memory where flair copies it to a GPU, so the copy does not wait."""
-    import flair
-    import torch
-
-    tensor = torch.from_numpy(array)
-    return tensor.pin_memory() if flair.device.type == "cuda" else tensor
 
 
 @functools.cache

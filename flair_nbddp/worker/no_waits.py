@@ -12,7 +12,8 @@ the CPU prepares what comes next. In every training batch, flair 0.15.1's step w
   (``hidden_states[self.layer_indexes]``), which torch copies to the GPU and waits for. During the forward the index
   is a tensor already on the device, made once (the embedding's ``layer_indexes`` are its list again afterwards).
 * flair's ``_prepare_label_tensor`` makes the gold labels with ``torch.tensor(..., device=cuda)``, a copy from
-  pageable memory that waits. They are made on the host, as the same list, and go over from pinned memory.
+  pageable memory that waits. They are made on the host, as the same list, and go over from pinned memory, as fast
+  inputs' ids and masks do (:func:`host_tensor`; flair copies those with ``non_blocking=True``).
 
 The fourth, flair's ``loss.item()`` after each forward pass, stays: its value goes into flair's metric records and
 logs, which flair's plugins and the user's read as numbers. One wait a batch lets the CPU prepare a batch's backward
@@ -154,6 +155,20 @@ def _labels_from_host(prepare: Callable) -> Callable:
     return from_host
 
 
+def host_tensor(tensor: Any) -> Any:
+    """``tensor`` (on the host) in pinned memory where flair's device is a GPU, so that copying it there does not wait;
+    as it is elsewhere.
+
+    Example:
+        >>> import torch
+        >>> host_tensor(torch.zeros(2)).is_pinned()  # flair's device is the CPU here
+        False
+    """
+    import flair
+
+    return tensor.pin_memory() if flair.device.type == "cuda" else tensor
+
+
 def _to_device(labels: Any, device: Any) -> Any:
-    """Host ``labels`` on ``device``, copied from pinned memory without waiting."""
-    return labels.pin_memory().to(device, non_blocking=True)
+    """Host ``labels`` on ``device`` (flair's), copied from pinned memory without waiting."""
+    return host_tensor(labels).to(device, non_blocking=True)
