@@ -10,7 +10,7 @@ nothing is read back from the device but the loss every ``--sync-every`` batches
 
 Two modes, one after the other on the same device: ``train`` (dropout on, as flair fine-tunes) and ``eval``
 (``model.eval()``: no dropout, the loop of ``gpu_profile.py``'s ``pure`` mode, whose model ``from_pretrained``
-left in eval mode). Each prints samples/s over the epochs after the first five batches and the GPU's busy share.
+left in eval mode). ``--compile`` compiles the transformer with ``torch.compile``. Each prints samples/s over the epochs after the first five batches and the GPU's busy share.
 """
 
 from __future__ import annotations
@@ -43,13 +43,19 @@ def batches(model_path: str, docs: int, words: tuple[int, int], device: str) -> 
     return out
 
 
-def train(model_path: str, data: list[tuple], mode: str, precision: str, epochs: int, sync_every: int, device: str):
-    """Samples/s of ``epochs`` epochs over ``data`` after the first batches, and when they ran."""
+def train(
+    model_path: str, data: list[tuple], mode: str, precision: str, epochs: int, sync_every: int, device: str,
+    compiled: bool = False,
+):
+    """Samples/s of ``epochs`` epochs over ``data`` after the first batches, and when they ran; ``compiled``: the
+    transformer compiled with ``torch.compile`` (in the first batch, which is not counted)."""
     import torch
     from transformers import AutoModel
 
     torch.manual_seed(42)
     encoder = AutoModel.from_pretrained(model_path).to(device)
+    if compiled:
+        encoder.compile()
     head = torch.nn.Linear(encoder.config.hidden_size, 2).to(device)
     params = [*encoder.parameters(), *head.parameters()]
     optimizer = torch.optim.AdamW(params, lr=5e-5)
@@ -92,6 +98,7 @@ def main() -> None:
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--modes", default="train,eval", help="train (dropout on), eval (off), in this order")
     parser.add_argument("--sync-every", type=int, default=1, help="read the loss back every N batches (flair: 1)")
+    parser.add_argument("--compile", action="store_true", help="the transformer compiled with torch.compile")
     parser.add_argument("--workdir", default="/tmp/flair_nbddp-bench")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -101,11 +108,12 @@ def main() -> None:
     data = batches(model_path, args.docs, args.words, args.device)
     for mode in args.modes.split(","):
         busy = GpuBusy() if args.device.startswith("cuda") else None
-        rate, start, end = train(model_path, data, mode, args.precision, args.epochs, args.sync_every, args.device)
+        rate, start, end = train(model_path, data, mode, args.precision, args.epochs, args.sync_every, args.device,
+                                  args.compile)
         figures = {
             "loop": "plain", "mode": mode, "precision": args.precision, "samples_per_s": round(rate, 1),
             "gpu_busy_percent": busy.between(start, end) if busy else None, "size": args.size, "docs": args.docs,
-            "words": args.words, "epochs": args.epochs, "sync_every": args.sync_every,
+            "words": args.words, "epochs": args.epochs, "sync_every": args.sync_every, "compiled": args.compile,
         }  # fmt: skip
         print(json.dumps(figures), flush=True)
 

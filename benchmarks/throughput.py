@@ -7,6 +7,7 @@
 On CPU (``--device cpu``) flair's and accelerate's launchers get the same CPU bend as the kit's workers
 (gloo, CPU DDP); everything else is identical. The kit's launchers run with every default (inputs built once
 included); ``--no-fast-inputs`` gives them flair's own input building, ``--precision bf16`` bfloat16 autocast,
+``--compile-model reduce-overhead`` the transformer compiled (``compile_model``),
 ``--lazy-corpus yes|no`` forces a lazy corpus or one built in the workers up front (as flair's script has them);
 by default the kit decides (``lazy_corpus=None``: built, for corpora of this size).
 ``--epochs 3`` shows what building the inputs once saves after the first epoch.
@@ -309,7 +310,7 @@ pool = flair_nbddp.WorkerPool({processes}, {device!r}).warm_up() if {warm} else 
 time.sleep(BETWEEN_CELLS_S if {warm} else 0.0)    # ...and this cell run a moment later
 result = flair_nbddp.launch(
     main, args=(corpus, time.time()), device={device!r}, processes={processes}, dashboard=False, pool=pool,
-    fast_inputs={fast_inputs}, precision={precision!r}, lazy_corpus={lazy_corpus},
+    fast_inputs={fast_inputs}, precision={precision!r}, lazy_corpus={lazy_corpus}, compile_model={compile_model!r},
 )
 if pool is not None:
     pool.close()
@@ -379,7 +380,7 @@ def run_job(args) -> dict:
     fields = dict(
         here=str(HERE), docs=args.docs, words=args.words, model=args.model, base=args.base, batch=args.batch,
         chunk=args.chunk, epochs=args.epochs, device=args.device, processes=args.processes, warm=args.launcher == "kit-pool",
-        fast_inputs=not args.no_fast_inputs, precision=args.precision,
+        fast_inputs=not args.no_fast_inputs, precision=args.precision, compile_model=args.compile_model,
         lazy_corpus={"auto": None, "yes": True, "no": False}[args.lazy_corpus],
     )
     if args.launcher in ("kit", "kit-pool"):
@@ -410,6 +411,8 @@ def word_range(text: str) -> tuple[int, int]:
 
 
 def main() -> None:
+    from flair_nbddp.options import compile_setting
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--launcher", choices=LAUNCHERS, required=True)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
@@ -428,6 +431,10 @@ def main() -> None:
         help="kit launchers: lazy_corpus=None (the kit's default), True or False",
     )  # fmt: skip
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32", help="kit launchers only")
+    parser.add_argument(
+        "--compile-model", type=compile_setting, default=False, metavar="on|off|MODE",
+        help="kit launchers: compile_model (default off: flair's eager model)",
+    )  # fmt: skip
     parser.add_argument("--workdir", default="/tmp/flair_nbddp-bench")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args()
@@ -440,6 +447,7 @@ def main() -> None:
     figures.update(
         launcher=args.launcher, device=args.device, size=args.size, docs=args.docs, words=args.words, batch=args.batch,
         precision=args.precision, fast_inputs=not args.no_fast_inputs, lazy_corpus=args.lazy_corpus,
+        compile_model=args.compile_model,
     )  # fmt: skip
     print(json.dumps(figures))
     if args.json:

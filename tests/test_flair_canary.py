@@ -1,7 +1,7 @@
 """The flair canary: every flair name the kit patches, wraps, calls, subclasses or reads is where the kit expects it.
 
 The kit bends flair 0.15.x in its workers (``flair_compat.py``, ``distributed_eval.py``, ``lazy_corpus.py``,
-``fast_inputs.py``, ``no_waits.py``, ``precision.py``) and
+``fast_inputs.py``, ``no_waits.py``, ``precision.py``, ``compiled.py``) and
 reads its data structures attribute by attribute (``codec.py``). A flair release that moves or renames one of
 these fails here in seconds, naming it, instead of deep inside a multi-process test. Fast tier: nothing starts.
 """
@@ -43,6 +43,9 @@ ATTRIBUTES = [
     "transformers.modeling_attn_mask_utils.AttentionMaskConverter._expand_mask",
     # precision: what flair's use_amp path creates (the kit sets the autocast type through torch's public setters)
     "torch.cuda.amp.GradScaler",
+    # compiled: torch's compiler, as the kit turns it on and off around a training (the transformer it compiles is
+    # each TransformerEmbeddings' ``model``, checked in tests/test_compiled.py)
+    "torch.nn.Module.compile", "torch._dynamo.reset", "torch._dynamo.list_backends",
 ]  # fmt: skip
 
 # functions the kit calls or wraps, with the parameters it binds or passes by name

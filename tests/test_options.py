@@ -60,6 +60,9 @@ def test_the_magics_flags_come_from_the_options():
     assert {flag.option for flag in magic_flags(ddp_exec=True)} <= {action.dest for action in exec_parser._actions}
     parsed = train_parser.parse_args(["--gpus", "0,2", "--hang-timeout", "0", "--no-lazy-corpus", "--run-dir", "/r"])
     assert (parsed.gpus, parsed.hang_timeout, parsed.lazy_corpus, parsed.run_dir) == ((0, 2), None, False, "/r")
+    compiled = [train_parser.parse_args(given).compile_model for given in
+                (["--compile-model"], ["--compile-model", "off"], ["--compile-model", "cudagraphs"])]  # fmt: skip
+    assert compiled == [True, False, "cudagraphs"]
     defaults = train_parser.parse_args([])
     assert {name: getattr(defaults, name) for name in with_flag} == dataclasses.asdict(RunOptions())
 

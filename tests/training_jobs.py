@@ -311,3 +311,26 @@ def fails_when_told(train, corpus, base_path: str, lr: float, fail: bool = False
     if fail:
         raise ValueError("told to fail")
     return train(corpus, base_path, lr=lr, epochs=epochs)
+
+
+def fine_tune_counting_compiled_graphs(corpus, model_path: str, base_path: str) -> dict:
+    """Fine-tune a classifier for 2 epochs; report the graphs torch.compile made while it trained, whether the
+    transformer is still compiled afterwards, the losses, and the keys of the saved model's state dict against the
+    trained model's."""
+    import torch
+    from flair.embeddings import TransformerDocumentEmbeddings
+    from flair.models import TextClassifier
+    from flair.trainers import ModelTrainer
+
+    model = TextClassifier(TransformerDocumentEmbeddings(model_path), label_type="sentiment",
+                           label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False))  # fmt: skip
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    scores = ModelTrainer(model, corpus).fine_tune(base_path, max_epochs=2, mini_batch_size=8, learning_rate=5e-3,
+                                                   multi_gpu=True)  # fmt: skip
+    saved = TextClassifier.load(f"{base_path}/final-model.pt")
+    return {
+        "graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs,
+        "still_compiled": model.embeddings.model._compiled_call_impl is not None,
+        "test_score": scores["test_score"],
+        "same_keys": sorted(saved.state_dict()) == sorted(model.state_dict()),
+    }

@@ -52,8 +52,9 @@ class Job:
     directory each rank writes its output to (``rank<r>.log``) while the job runs, whether the ranks
     share out flair's evaluations (:mod:`flair_nbddp.worker.distributed_eval`), whether corpora stay compact until
     read (:mod:`flair_nbddp.wire.lazy_corpus`), whether transformer inputs are built once per sentence
-    (:mod:`flair_nbddp.worker.fast_inputs`), the arithmetic of training (:mod:`flair_nbddp.worker.precision`), the
-    checkpoint it resumes from (:mod:`flair_nbddp.worker.checkpoints`), and the objects put on the pool that the workers may keep
+    (:mod:`flair_nbddp.worker.fast_inputs`), the arithmetic of training (:mod:`flair_nbddp.worker.precision`),
+    whether its transformers are compiled (:mod:`flair_nbddp.worker.compiled`), the checkpoint it resumes from
+    (:mod:`flair_nbddp.worker.checkpoints`), and the objects put on the pool that the workers may keep
     (:meth:`flair_nbddp.WorkerPool.put`)."""
 
     payload: str
@@ -64,6 +65,7 @@ class Job:
     lazy_corpus: bool | None = None
     fast_inputs: bool = True
     precision: str = "fp32"
+    compile_model: bool | str = False
     resume: str = ""  # a checkpoint its first training continues from ("": none), and the file's sha256
     resume_sha256: str = ""
     chunk_size: int | None = None  # flair's mini_batch_chunk_size, imposed on its trainings (on_oom="halve_chunk")

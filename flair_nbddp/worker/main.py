@@ -54,7 +54,7 @@ from ..wire.events import (
     Started,
     WorkerSpec,
 )
-from . import allocator, checkpoint_files, ddp_exec, distributed_eval, fast_inputs, no_waits, precision
+from . import allocator, checkpoint_files, compiled, ddp_exec, distributed_eval, fast_inputs, no_waits, precision
 from .counters import TrainingCounters
 
 HEARTBEAT_SECONDS = 1.0
@@ -220,6 +220,7 @@ def _bend_flair(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
     fast_inputs.install()
     no_waits.install(flair_compat.model_subclasses())
     precision.install()
+    compiled.install()
     vitals.flair_logger.remember()  # with the handlers flair's import configured (which dropped any other)
     _attach_warnings(vitals)
 
@@ -386,6 +387,7 @@ def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) ->
         distributed_eval.start_job(f"flair_nbddp/{job.key}", job.distributed_eval)
         fast_inputs.start_job(job.fast_inputs, ahead=vitals.device.type != "cpu")
         precision.start_job(job.precision)
+        compiled.start_job(job.compile_model, vitals.device.type)
         checkpoint_files.start_job(job.run_dir, job.resume, job.resume_sha256, job.chunk_size, job.checkpoint_every)
         try:
             value = fn(*args, **kwargs)

@@ -98,9 +98,10 @@ def _answered_mask_check(check: Callable) -> Callable | None:
 
     @functools.wraps(check)
     def answered(mask: Any, dtype: Any, tgt_len: int | None = None) -> Any:
+        if torch.jit.is_tracing() or isinstance(mask, torch.fx.Proxy) or is_torchdynamo_compiling():
+            return check(mask, dtype, tgt_len)  # before reading the answer: a compiler need not trace the lookup
         all_ones = getattr(mask, _ANSWER, None)
-        tracing = torch.jit.is_tracing() or isinstance(mask, torch.fx.Proxy) or is_torchdynamo_compiling()
-        if all_ones is None or tracing:
+        if all_ones is None:
             return check(mask, dtype, tgt_len)
         return None if all_ones else expand(mask=mask, dtype=dtype, tgt_len=tgt_len)
 
