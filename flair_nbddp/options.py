@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigurationError, UnknownOptionError
+from .worker.compiled import unknown_name
 from .worker.precision import PRECISIONS
 
 DEFAULT_STOP_TIMEOUT = 30.0
@@ -67,14 +68,14 @@ def numbers(flag: str, kind: str) -> Callable[[str], tuple[int, ...]]:
 
 
 def compile_setting(text: str) -> bool | str:
-    """A magic's ``--compile-model``: ``on``/``off`` (also ``true``/``false``), or an inductor mode or
-    torch.compile backend by name.
+    """A magic's ``--compile-model``: ``on``/``off`` (also ``true``/``false``, ``yes``/``no``, ``1``/``0``), or an
+    inductor mode or torch.compile backend by name.
 
     Example:
-        >>> compile_setting("off"), compile_setting("On"), compile_setting("reduce-overhead")
-        (False, True, 'reduce-overhead')
+        >>> compile_setting("off"), compile_setting("On"), compile_setting("1"), compile_setting("reduce-overhead")
+        (False, True, True, 'reduce-overhead')
     """
-    words = {"on": True, "true": True, "off": False, "false": False}
+    words = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
     return words.get(text.lower(), text)
 
 
@@ -183,11 +184,12 @@ class RunOptions:
     )  # fmt: skip
 
     compile_model: bool | str = _option(
-        False, "compile flair's transformer with ``torch.compile`` while it trains: True with torch's default, or an "
-        "inductor mode (``\"reduce-overhead\"``: CUDA graphs, 1.06-1.23 times the eager bf16 rate over an epoch on "
-        "an H100, after tens of seconds of compiling) or a backend's name (``\"aot_eager\"``); False: flair's eager "
-        "model. Compiled arithmetic is not flair's bit for bit (:mod:`flair_nbddp.worker.compiled`).",
-        flag={"metavar": "MODE", "nargs": "?", "const": True, "type": compile_setting},
+        False, "compile flair's transformer with ``torch.compile`` while it trains: True (``on`` in a magic) with "
+        "torch's default, or an inductor mode (``\"reduce-overhead\"``: CUDA graphs, 1.06-1.23 times the eager bf16 "
+        "rate over an epoch on an H100, after tens of seconds of compiling, which a short run does not earn back) or a "
+        "backend's name (``\"aot_eager\"``); False (``off``): flair's eager model. Compiled arithmetic is not flair's "
+        "bit for bit (:mod:`flair_nbddp.worker.compiled`).",
+        flag={"metavar": "on|off|MODE", "nargs": "?", "const": True, "type": compile_setting},
     )  # fmt: skip
     resume: Any = _option(
         None, "continue from the last full checkpoint of an earlier run of the same function (every epoch's end "
@@ -240,6 +242,8 @@ class RunOptions:
                 f"compile_model={self.compile_model!r} is not a setting: give False (flair's eager model), True, or "
                 "an inductor mode or torch.compile backend by name, such as 'reduce-overhead'"
             )
+        if isinstance(self.compile_model, str) and unknown_name(self.compile_model):
+            raise ConfigurationError(f"compile_model={self.compile_model!r}: {unknown_name(self.compile_model)}")
         if self.on_oom not in ON_OOM:
             raise ConfigurationError(
                 f"on_oom={self.on_oom!r} is not one of {', '.join(map(repr, ON_OOM))}: 'fail' ends the run with "

@@ -6,8 +6,10 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
 from flair.embeddings import TransformerDocumentEmbeddings
 from flair.models import TextClassifier
+from flair.trainers import ModelTrainer
 
 import flair_nbddp
 from flair_nbddp import ConfigurationError, RunOptions
@@ -21,13 +23,18 @@ def job():
     compiled.start_job(False, "cpu")
 
 
-def test_a_name_torch_has_not_is_refused_naming_the_modes_and_backends_it_has(job):
+@pytest.fixture
+def classifier(tiny_model_path):
+    return TextClassifier(TransformerDocumentEmbeddings(tiny_model_path), label_type="sentiment",
+                          label_dictionary=sentiment_corpus(4, 1, 1).make_label_dictionary("sentiment"))  # fmt: skip
+
+
+def test_a_name_torch_has_not_is_refused_before_the_run_naming_the_modes_and_backends_it_has():
     with pytest.raises(ConfigurationError, match="compile_model='reduce_overhead': 'reduce_overhead' is neither a "
-                                                 "mode of inductor \\('default', 'reduce-overhead'.*\\) nor a "
-                                                 "torch.compile backend here \\(.*'inductor'.*\\)"):  # fmt: skip
-        job.start_job("reduce_overhead", "cuda")
-    job.start_job("aot_eager", "cpu")
-    assert job._JOB["setting"] == "aot_eager"
+                                                 "mode of inductor \\(.*'reduce-overhead'.*\\) nor a torch.compile "
+                                                 "backend here \\(.*'inductor'.*\\)"):  # fmt: skip
+        flair_nbddp.launch(print, compile_model="reduce_overhead")
+    assert compiled.unknown_name("lite") is None and compiled.unknown_name("aot_eager") is None
 
 
 def test_inductor_on_a_gpu_without_triton_is_refused_with_the_fix(job, monkeypatch):
@@ -38,6 +45,7 @@ def test_inductor_on_a_gpu_without_triton_is_refused_with_the_fix(job, monkeypat
             job.start_job(setting, "cuda")
     job.start_job("aot_eager", "cuda")  # no Triton needed
     job.start_job(True, "cpu")  # inductor makes C++ on CPU
+    assert job._JOB["setting"] is True
 
 
 @pytest.mark.parametrize("bad", [None, 3, "", 1.0])
@@ -46,15 +54,39 @@ def test_a_setting_that_is_no_setting_is_refused(bad):
         RunOptions(compile_model=bad)
 
 
-def test_the_transformer_is_compiled_for_the_block_only(tiny_model_path):
-    model = TextClassifier(TransformerDocumentEmbeddings(tiny_model_path), label_type="sentiment",
-                           label_dictionary=sentiment_corpus(4, 1, 1).make_label_dictionary("sentiment"))  # fmt: skip
-    keys = list(model.state_dict())
-    with compiled.compiled_transformers(model, compiled.compile_call("eager")) as transformers:
-        assert transformers == [model.embeddings.model]
-        assert model.embeddings.model._compiled_call_impl is not None
-        assert list(model.state_dict()) == keys  # checkpoints written meanwhile are flair's
-    assert model.embeddings.model._compiled_call_impl is None
+def test_the_transformer_is_compiled_for_the_block_only_and_left_as_it_was(classifier):
+    keys, transformer = list(classifier.state_dict()), classifier.embeddings.model
+    with compiled.compiled_transformers(classifier, compiled.compile_call("eager")) as transformers:
+        assert transformers == [transformer] and transformer._compiled_call_impl is not None
+        assert list(classifier.state_dict()) == keys  # checkpoints written meanwhile are flair's
+    assert transformer._compiled_call_impl is None
+    transformer.compile(backend="eager")  # compiled by the user: so it stays, even after an error
+    users = transformer._compiled_call_impl
+    with pytest.raises(RuntimeError, match="training failed"), compiled.compiled_transformers(
+        classifier, compiled.compile_call("aot_eager")
+    ):
+        assert transformer._compiled_call_impl is not users
+        raise RuntimeError("training failed")
+    assert transformer._compiled_call_impl is users
+
+
+def test_a_training_inside_a_training_keeps_the_outer_ones_compilation(job, classifier, monkeypatch, capsys):
+    seen = []
+
+    def train_custom(self, base_path, inner=False):
+        if not inner:
+            ModelTrainer.train_custom(self, base_path, inner=True)
+        transformer = getattr(getattr(self.model, "embeddings", None), "model", None)
+        seen.append(transformer is not None and transformer._compiled_call_impl is not None)
+
+    monkeypatch.setattr(ModelTrainer, "train_custom", train_custom)
+    job.install()
+    job.start_job("eager", "cpu")
+    ModelTrainer.train_custom(ModelTrainer(classifier, sentiment_corpus(4, 1, 1)), "out")
+    assert seen == [True, True] and classifier.embeddings.model._compiled_call_impl is None
+    ModelTrainer.train_custom(ModelTrainer(torch.nn.Linear(2, 2), sentiment_corpus(4, 1, 1)), "out", inner=True)
+    notice = "compile_model='eager' compiles nothing in this training: Linear has no transformer embeddings"
+    assert seen[-1] is False and notice in capsys.readouterr().out
 
 
 @pytest.mark.process
@@ -73,3 +105,4 @@ def test_a_compiled_training_trains_and_leaves_flairs_model(warm_pool, tiny_mode
     curves = [[result.history(name) for name in ("train/loss", "dev/loss")] for result in (eager, traced)]
     assert len(curves[1][0]) == 2 and curves[0] == curves[1]  # the same ops in the same order: the same losses
     assert flair_nbddp.history(limit=1)[0].options["compile_model"] == "eager"  # the ledger keeps it
+    assert train("after").value["graphs"] == 0  # the pool's next job trains eager again

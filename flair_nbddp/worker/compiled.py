@@ -1,16 +1,18 @@
 """flair's transformers compiled with ``torch.compile`` while a job trains (run option ``compile_model``).
 
 Opt-in. ``compile_model=False`` (the default) trains flair's eager model. ``True`` compiles with torch's default
-(inductor); a string names one of inductor's modes (:data:`MODES`; ``"reduce-overhead"`` replays CUDA graphs) or a
-``torch.compile`` backend (``torch._dynamo.list_backends()``; ``"aot_eager"`` checks that a model compiles at all,
-without generating kernels). An error while compiling fails the run, with torch's message.
+(inductor); a string names one of inductor's modes (``torch._inductor.list_mode_options()``; ``"reduce-overhead"``
+replays CUDA graphs) or a ``torch.compile`` backend (``torch._dynamo.list_backends()``; ``"aot_eager"`` checks that
+a model compiles at all, without generating kernels). A name that is neither is refused before the run starts
+(:func:`unknown_name`); an error while compiling fails the run, with torch's message.
 
 What is compiled: the Hugging Face model inside each of flair's ``TransformerEmbeddings`` in the model a
 ``ModelTrainer`` trains (``module.compile()``: its parameters and state dict keep their names, so checkpoints and
 saved models are flair's), for the length of flair's ``train_custom`` (``train`` and ``fine_tune`` call it), the
-evaluations flair makes inside it included. Afterwards the model is flair's eager one again, and torch's in-memory
-compile caches are cleared (a warm worker's next job builds new models); torch keeps compiled kernels on disk, so a
-later run of the same model compiles faster.
+evaluations flair makes inside it included (a ``train_custom`` called inside another compiles nothing more). Afterwards
+each transformer is as it was (eager, or compiled as the user had compiled it), and torch's in-memory compile caches
+are cleared for the whole process (a warm worker's next job builds new models); torch keeps compiled kernels on disk,
+so a later run of the same model compiles faster. A model without transformer embeddings trains eager, with a notice.
 
 What it gains, measured on an H100 (``benchmarks/README.md``, "Compiling the transformer"): nothing with inductor's
 default mode, whose per-kernel launches from Python cost the training thread what eager's did; 1.06-1.23 times the
@@ -21,6 +23,8 @@ kernels, another random stream for dropout) is not flair's bit for bit, in any p
 Example:
     >>> compile_call(True), compile_call("reduce-overhead"), compile_call("aot_eager")
     ({}, {'mode': 'reduce-overhead'}, {'backend': 'aot_eager'})
+    >>> unknown_name("reduce_overhead")[:60]
+    "'reduce_overhead' is neither a mode of inductor ('default', "
 """
 
 from __future__ import annotations
@@ -34,43 +38,45 @@ from typing import Any
 from ..errors import ConfigurationError
 
 _MARK = "_flair_nbddp_compiled"
-_JOB: dict[str, Any] = {"setting": False}
-MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # inductor's, by name
+_JOB: dict[str, Any] = {"setting": False, "depth": 0}
+
+
+def _modes() -> list[str]:
+    from torch._inductor import list_mode_options
+
+    return list(list_mode_options())
 
 
 def compile_call(setting: bool | str) -> dict[str, str]:
     """``torch.compile``'s keywords for ``compile_model=setting`` (not False)."""
     if setting is True:
         return {}
-    return {"mode": setting} if setting in MODES else {"backend": setting}
+    return {"mode": setting} if setting in _modes() else {"backend": setting}
+
+
+def unknown_name(name: str) -> str | None:
+    """Why ``compile_model=name`` names nothing torch can compile with (and what to give instead), or None."""
+    from torch._dynamo import list_backends
+
+    if name in _modes() or name in list_backends(exclude_tags=()):
+        return None
+    return (f"{name!r} is neither a mode of inductor ({', '.join(map(repr, _modes()))}) nor a torch.compile backend "
+            f"here ({', '.join(map(repr, list_backends()))}); or give True for inductor's default")  # fmt: skip
 
 
 def start_job(setting: bool | str, device_type: str) -> None:
     """A job begins: its trainings compile as ``setting`` says (False: not at all).
 
     Raises:
-        ConfigurationError: ``setting`` names neither a mode of inductor nor a backend this worker has, or asks for
-            inductor on a GPU without Triton.
+        ConfigurationError: ``setting`` asks for inductor on a GPU without Triton.
     """
-    problem = setting is not False and _cannot(compile_call(setting), device_type)
-    if problem:
-        raise ConfigurationError(f"compile_model={setting!r}: {problem}")
-    _JOB["setting"] = setting
-
-
-def _cannot(call: dict[str, str], device_type: str) -> str | None:
-    """Why this worker cannot compile as ``call`` says (and what to do), or None."""
-    from torch._dynamo import list_backends
-
-    backend = call.get("backend", "inductor")
-    known = list_backends(exclude_tags=())
-    if backend not in known:
-        return (f"{backend!r} is neither a mode of inductor ({', '.join(map(repr, MODES))}) nor a torch.compile "
-                f"backend here ({', '.join(map(repr, known))}); or give True for inductor's default")  # fmt: skip
+    backend = compile_call(setting).get("backend", "inductor") if setting is not False else None
     if backend == "inductor" and device_type == "cuda" and importlib.util.find_spec("triton") is None:
-        return ("torch.compile's inductor needs Triton on GPUs, which this environment lacks (pip install triton: "
-                "torch's CUDA wheels bring it); or give compile_model=False")  # fmt: skip
-    return None
+        raise ConfigurationError(
+            f"compile_model={setting!r}: torch.compile's inductor needs Triton on GPUs, which this environment lacks "
+            "(pip install triton: torch's CUDA wheels bring it); or give compile_model=False"
+        )
+    _JOB.update(setting=setting, depth=0)
 
 
 def install() -> None:
@@ -84,10 +90,17 @@ def install() -> None:
 
     @functools.wraps(original)
     def train_custom(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _JOB["setting"] is False:
+        if _JOB["setting"] is False or _JOB["depth"]:
             return original(self, *args, **kwargs)
-        with compiled_transformers(self.model, compile_call(_JOB["setting"])):
-            return original(self, *args, **kwargs)
+        _JOB["depth"] += 1
+        try:
+            with compiled_transformers(self.model, compile_call(_JOB["setting"])) as transformers:
+                if not transformers:
+                    print(f"flair_nbddp: compile_model={_JOB['setting']!r} compiles nothing in this training: "
+                          f"{type(self.model).__name__} has no transformer embeddings", flush=True)  # fmt: skip
+                return original(self, *args, **kwargs)
+        finally:
+            _JOB["depth"] -= 1
 
     setattr(train_custom, _MARK, True)
     ModelTrainer.train_custom = train_custom
@@ -96,7 +109,8 @@ def install() -> None:
 @contextlib.contextmanager
 def compiled_transformers(model: Any, call: dict[str, str]) -> Iterator[list]:
     """The Hugging Face models inside ``model``'s transformer embeddings, compiled with ``torch.compile(**call)``
-    until the block ends (yielded).
+    until the block ends (yielded); then each is as it was, and torch's compile caches are cleared (for the whole
+    process) if any was compiled.
 
     Example::
 
@@ -107,11 +121,13 @@ def compiled_transformers(model: Any, call: dict[str, str]) -> Iterator[list]:
     from flair.embeddings.transformer import TransformerEmbeddings
 
     transformers = [module.model for module in model.modules() if isinstance(module, TransformerEmbeddings)]
-    for transformer in transformers:
-        transformer.compile(**call)
+    before = [transformer._compiled_call_impl for transformer in transformers]
     try:
+        for transformer in transformers:
+            transformer.compile(**call)
         yield transformers
     finally:
-        for transformer in transformers:
-            transformer._compiled_call_impl = None
-        torch._dynamo.reset()
+        for transformer, compiled in zip(transformers, before):
+            transformer._compiled_call_impl = compiled
+        if transformers:
+            torch._dynamo.reset()
