@@ -10,7 +10,8 @@ nothing is read back from the device but the loss every ``--sync-every`` batches
 
 Two modes, one after the other on the same device: ``train`` (dropout on, as flair fine-tunes) and ``eval``
 (``model.eval()``: no dropout, the loop of ``gpu_profile.py``'s ``pure`` mode, whose model ``from_pretrained``
-left in eval mode). ``--compile`` compiles the transformer with ``torch.compile``. Each prints samples/s over the epochs after the first five batches and the GPU's busy share.
+left in eval mode). ``--compile`` compiles the transformer with ``torch.compile``. Each prints samples/s over the
+epochs after the first five batches and the GPU's busy share.
 """
 
 from __future__ import annotations

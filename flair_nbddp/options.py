@@ -242,8 +242,8 @@ class RunOptions:
                 f"compile_model={self.compile_model!r} is not a setting: give False (flair's eager model), True, or "
                 "an inductor mode or torch.compile backend by name, such as 'reduce-overhead'"
             )
-        if isinstance(self.compile_model, str) and unknown_name(self.compile_model):
-            raise ConfigurationError(f"compile_model={self.compile_model!r}: {unknown_name(self.compile_model)}")
+        if isinstance(self.compile_model, str) and (unknown := unknown_name(self.compile_model)):
+            raise ConfigurationError(f"compile_model={self.compile_model!r}: {unknown}")
         if self.on_oom not in ON_OOM:
             raise ConfigurationError(
                 f"on_oom={self.on_oom!r} is not one of {', '.join(map(repr, ON_OOM))}: 'fail' ends the run with "

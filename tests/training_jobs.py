@@ -315,8 +315,8 @@ def fails_when_told(train, corpus, base_path: str, lr: float, fail: bool = False
 
 def fine_tune_counting_compiled_graphs(corpus, model_path: str, base_path: str) -> dict:
     """Fine-tune a classifier for 2 epochs; report the graphs torch.compile made while it trained, whether the
-    transformer is still compiled afterwards, the losses, and the keys of the saved model's state dict against the
-    trained model's."""
+    transformer is still compiled afterwards, the test score, and whether the saved model's state dict has the trained
+    model's keys."""
     import torch
     from flair.embeddings import TransformerDocumentEmbeddings
     from flair.models import TextClassifier

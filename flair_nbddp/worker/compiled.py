@@ -38,7 +38,7 @@ from typing import Any
 from ..errors import ConfigurationError
 
 _MARK = "_flair_nbddp_compiled"
-_JOB: dict[str, Any] = {"setting": False, "depth": 0}
+_JOB: dict[str, Any] = {"setting": False, "call": None, "depth": 0}  # call: torch.compile's keywords, or None
 
 
 def _modes() -> list[str]:
@@ -70,13 +70,14 @@ def start_job(setting: bool | str, device_type: str) -> None:
     Raises:
         ConfigurationError: ``setting`` asks for inductor on a GPU without Triton.
     """
-    backend = compile_call(setting).get("backend", "inductor") if setting is not False else None
+    call = None if setting is False else compile_call(setting)
+    backend = None if call is None else call.get("backend", "inductor")
     if backend == "inductor" and device_type == "cuda" and importlib.util.find_spec("triton") is None:
         raise ConfigurationError(
             f"compile_model={setting!r}: torch.compile's inductor needs Triton on GPUs, which this environment lacks "
             "(pip install triton: torch's CUDA wheels bring it); or give compile_model=False"
         )
-    _JOB.update(setting=setting, depth=0)
+    _JOB.update(setting=setting, call=call, depth=0)
 
 
 def install() -> None:
@@ -90,11 +91,11 @@ def install() -> None:
 
     @functools.wraps(original)
     def train_custom(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _JOB["setting"] is False or _JOB["depth"]:
+        if _JOB["call"] is None or _JOB["depth"]:
             return original(self, *args, **kwargs)
         _JOB["depth"] += 1
         try:
-            with compiled_transformers(self.model, compile_call(_JOB["setting"])) as transformers:
+            with compiled_transformers(self.model, _JOB["call"]) as transformers:
                 if not transformers:
                     print(f"flair_nbddp: compile_model={_JOB['setting']!r} compiles nothing in this training: "
                           f"{type(self.model).__name__} has no transformer embeddings", flush=True)  # fmt: skip
