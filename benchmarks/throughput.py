@@ -9,7 +9,8 @@ On CPU (``--device cpu``) flair's and accelerate's launchers get the same CPU be
 included); ``--no-fast-inputs`` gives them flair's own input building, ``--precision bf16`` bfloat16 autocast,
 ``--compile-model reduce-overhead`` the transformer compiled (``compile_model``),
 ``--lazy-corpus yes|no`` forces a lazy corpus or one built in the workers up front (as flair's script has them);
-by default the kit decides (``lazy_corpus=None``: built, for corpora of this size).
+by default the kit decides (``lazy_corpus=None``: built, for corpora of this size). ``--no-ddp`` (a kit launcher,
+one process) trains with ``multi_gpu=False``, flair's trainer without its DDP wrapper: DDP's share of a step.
 ``--epochs 3`` shows what building the inputs once saves after the first epoch.
 
 * ``kit`` runs the job the notebook way: a training function defined in a file-less ``__main__``
@@ -303,7 +304,7 @@ from throughput import make_corpus, timed_fine_tune
 corpus = make_corpus({docs}, {words})              # built once, here, like in a notebook cell
 
 def main(corpus, launched_at):                     # a notebook-style function in a file-less __main__
-    return timed_fine_tune(corpus, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs}, launched_at)
+    return timed_fine_tune(corpus, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs}, launched_at, {multi_gpu})
 
 # kit-pool: workers started and warmed up before, as by `%ddp_pool start` in an earlier cell
 pool = flair_nbddp.WorkerPool({processes}, {device!r}).warm_up() if {warm} else None
@@ -381,7 +382,7 @@ def run_job(args) -> dict:
         here=str(HERE), docs=args.docs, words=args.words, model=args.model, base=args.base, batch=args.batch,
         chunk=args.chunk, epochs=args.epochs, device=args.device, processes=args.processes, warm=args.launcher == "kit-pool",
         fast_inputs=not args.no_fast_inputs, precision=args.precision, compile_model=args.compile_model,
-        lazy_corpus={"auto": None, "yes": True, "no": False}[args.lazy_corpus],
+        lazy_corpus={"auto": None, "yes": True, "no": False}[args.lazy_corpus], multi_gpu=not args.no_ddp,
     )
     if args.launcher in ("kit", "kit-pool"):
         command = [sys.executable, "-c", KIT_PROGRAM.format(**fields)]
@@ -435,9 +436,15 @@ def main() -> None:
         "--compile-model", type=compile_setting, default=False, metavar="on|off|MODE",
         help="kit launchers: compile_model (default off: flair's eager model)",
     )  # fmt: skip
+    parser.add_argument(
+        "--no-ddp", action="store_true",
+        help="kit launchers, one process: flair's trainer with multi_gpu=False (no DDP wrapper), for DDP's share",
+    )  # fmt: skip
     parser.add_argument("--workdir", default="/tmp/flair_nbddp-bench")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args()
+    if args.no_ddp and (args.launcher not in ("kit", "kit-pool") or processes_for(args.device, args.processes) != 1):
+        parser.error("--no-ddp needs a kit launcher and one process (--processes 1, or one GPU)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from flair_nbddp.synthetic import tiny_transformer
 
@@ -447,7 +454,7 @@ def main() -> None:
     figures.update(
         launcher=args.launcher, device=args.device, size=args.size, docs=args.docs, words=args.words, batch=args.batch,
         precision=args.precision, fast_inputs=not args.no_fast_inputs, lazy_corpus=args.lazy_corpus,
-        compile_model=args.compile_model,
+        compile_model=args.compile_model, ddp=not args.no_ddp,
     )  # fmt: skip
     print(json.dumps(figures))
     if args.json:
