@@ -66,6 +66,10 @@ class PayloadWriteError(FlairNbddpError, OSError):
     """The run's payload could not be written (e.g. the disk is full); nothing was started."""
 
 
+class ForkServerError(FlairNbddpError, OSError):
+    """The fork server could not fork a CPU worker (it exited, or did not answer): the worker starts afresh."""
+
+
 class MissingDependencyError(FlairNbddpError, ImportError):
     """An optional package a feature needs is not installed; the message names the extra to install."""
 

@@ -27,8 +27,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from . import forkserver
 from .devices import DevicePlan, rendezvous_socket
 from .errors import describe_exit
+from .forkserver import ForkedWorker
 from .rundir import RunDir
 from .wire.events import EXIT, Job, WorkerSpec
 
@@ -41,18 +43,37 @@ _WORKER_COMMAND = f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); from flai
 
 
 def spawn_worker(
-    spec: WorkerSpec, env: dict[str, str | None], log: Path, started: list[subprocess.Popen]
+    spec: WorkerSpec, env: dict[str, str | None], log: Path, started: list[subprocess.Popen | ForkedWorker]
 ) -> Connection:
     """Start one worker process for ``spec`` in a session of its own, with ``env`` over this process's
-    environment (a None value unsets that variable) and its output appended to ``log``; append the process to ``started`` at once, and
-    return the parent's end of the private socket pair it listens on (send it ``spec`` first). Rank 0 inherits
-    ``spec.listen_fd``, its store's socket.
+    environment (a None value unsets that variable) and its output appended to ``log``; append the process to
+    ``started`` at once, send it ``spec``, and return the parent's end of the private socket pair it listens on.
+    Rank 0 inherits ``spec.listen_fd``, its store's socket.
+
+    A CPU rank on Linux is forked from :mod:`~flair_nbddp.forkserver`'s server, which imported torch and flair
+    already (a fresh interpreter if the server cannot start it, with a line in ``log`` saying why); any other
+    rank is a fresh interpreter.
 
     Every descriptor and process is accounted for, even if an interrupt lands between two lines: an
     interrupted spawn leaves no channel open, and a process that started is in ``started`` for the caller to end.
     """
-    env = {name: value for name, value in {**os.environ, **env}.items() if value is not None}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
+    base = dict(os.environ)
+    base["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, base.get("PYTHONPATH")]))
+    full = {name: value for name, value in {**base, **env}.items() if value is not None}
+    if forkserver.available(spec.device):
+        try:
+            connection, worker = forkserver.spawn(spec, full, log, base)
+        except OSError as error:
+            with open(log, "a") as out:
+                print(f"flair_nbddp: the fork server could not start this worker ({error}): started afresh", file=out)
+        else:
+            started.append(worker)
+            return connection
+    return _spawn_fresh(spec, full, log, started)
+
+
+def _spawn_fresh(spec: WorkerSpec, env: dict[str, str], log: Path, started: list) -> Connection:
+    """:func:`spawn_worker` in a fresh interpreter with exactly ``env``."""
     parent_end, child_end = socket.socketpair()
     try:
         log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -74,6 +95,7 @@ def spawn_worker(
         raise
     finally:
         child_end.close()
+    connection.send(spec)
     return connection
 
 
@@ -115,7 +137,6 @@ class WorkerGroup:
         )
         env = self.plan.rank_environment(rank, port)
         self.connections.append(spawn_worker(spec, env, self.home.log(rank), self.processes))
-        self.connections[-1].send(spec)
 
     # -- talking ----------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:

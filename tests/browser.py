@@ -248,15 +248,16 @@ def save_notebook(page: Page) -> None:
 
 
 def workers_under(pid: int) -> list[str]:
-    """Command lines of the ``flair_nbddp.worker.main`` processes descending from ``pid`` (the lab and its kernels)."""
+    """Command lines of the kit's worker processes descending from ``pid`` (the lab and its kernels)."""
+    from flair_nbddp.worker.process_name import RANK_PREFIX
+
     found = []
     for process in psutil.Process(pid).children(recursive=True):
         try:
-            command = " ".join(process.cmdline())
+            if process.name().startswith(RANK_PREFIX):
+                found.append(" ".join(process.cmdline()))
         except psutil.NoSuchProcess:
             continue
-        if "flair_nbddp.worker" in command:
-            found.append(command)
     return found
 
 

@@ -21,6 +21,7 @@ import pytest
 
 from flair_nbddp.cluster.ranks import ClusterGroup
 from flair_nbddp.local_ranks import WorkerGroup
+from flair_nbddp.worker.process_name import RANK_PREFIX as WORKER_NAME_PREFIX
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the run ledger of the tests (and of the kernels and notebooks they start): never the user's own
@@ -104,13 +105,17 @@ def warm_pool():
 @pytest.fixture
 def no_leftover_processes():
     """Fails the test if it leaves a child process of this one running (one that was there before it started,
-    such as the test run's JupyterLab; nor is a worker of the session's warm pool, or a step of the Binder build)."""
+    such as the test run's JupyterLab; nor is a worker of the session's warm pool, a fork server that CPU workers come
+    from, or a step of the Binder build)."""
     import binder_build
+
+    from flair_nbddp import forkserver
 
     before = {child.pid for child in psutil.Process().children(recursive=True)}
     yield
     build = binder_build.current()
     others = before | {pid for pool in _WARM_POOLS for pid in pool.pids} | (build.processes() if build else set())
+    others |= forkserver.server_pids()
     left = {}
     for child in psutil.Process().children(recursive=True):
         if child.pid not in others:
@@ -129,6 +134,14 @@ def python_program(source: str, timeout: float = 300) -> str:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done.stdout
+
+
+def is_kit_worker(process: psutil.Process) -> bool:
+    """A kit worker process (forked from a fork server or a fresh interpreter, here or on a Dask worker): its name."""
+    try:
+        return process.name().startswith(WORKER_NAME_PREFIX)
+    except psutil.NoSuchProcess:
+        return False
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:

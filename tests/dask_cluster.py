@@ -22,6 +22,8 @@ from pathlib import Path
 
 import psutil
 
+from flair_nbddp.worker.process_name import RANK_PREFIX
+
 DASK = str(Path(sys.executable).with_name("dask"))
 
 
@@ -98,8 +100,8 @@ class LoopbackCluster:
         """The kit's worker processes started by this cluster's Dask workers, wherever they are now (one whose
         Dask worker was killed belongs to init)."""
         found = []
-        for process in psutil.process_iter(["cmdline", "status"]):
-            if "flair_nbddp.worker.main import main" not in " ".join(process.info["cmdline"] or ()):
+        for process in psutil.process_iter(["name", "status"]):
+            if not (process.info["name"] or "").startswith(RANK_PREFIX):
                 continue
             with contextlib.suppress(psutil.Error):
                 runs = process.environ().get("FLAIR_NBDDP_RUNS", "")

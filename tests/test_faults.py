@@ -11,7 +11,7 @@ import time
 
 import psutil
 import pytest
-from conftest import wait_for
+from conftest import is_kit_worker, wait_for
 from training_jobs import train_sentiment, train_then_return_a_generator
 
 from flair_nbddp import RunActiveError, RunHangError, WorkerError, launch, start
@@ -68,7 +68,7 @@ def _read_until(process: subprocess.Popen, marker: str, timeout: float) -> str:
 
 
 def _workers_of(process: subprocess.Popen) -> list[psutil.Process]:
-    return [c for c in psutil.Process(process.pid).children() if "flair_nbddp.worker" in " ".join(c.cmdline())]
+    return [c for c in psutil.Process(process.pid).children(recursive=True) if is_kit_worker(c)]
 
 
 LAUNCHING_PROGRAM = """

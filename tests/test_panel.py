@@ -460,7 +460,8 @@ print('progress', panel.dashboard.bar.value)
 """
 AFTER_STOP = """
 result = panel.wait(timeout=60)
-workers = [p for p in psutil.Process().children(recursive=True) if "flair_nbddp.worker" in " ".join(p.cmdline())]
+from flair_nbddp.worker.process_name import RANK_PREFIX
+workers = [p for p in psutil.Process().children(recursive=True) if p.name().startswith(RANK_PREFIX)]
 print(result.status, result.checkpoint.name, panel.runs[0].params, len(workers))
 print("test_score", result.value["test_score"], "in the table's scores:", "test_score" in panel.runs[0].scores)
 """

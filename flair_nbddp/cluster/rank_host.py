@@ -255,7 +255,6 @@ class _RankHost:
             )
             env = rank_environment(self.site, spec.world_size, address, self.dask_worker.state.nthreads)
             self.connection = spawn_worker(spec, env, self.home.log(self.site.rank), self.processes)
-            self.connection.send(spec)
         finally:
             if listener is not None:
                 listener.close()

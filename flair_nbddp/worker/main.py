@@ -54,7 +54,17 @@ from ..wire.events import (
     Started,
     WorkerSpec,
 )
-from . import allocator, checkpoint_files, compiled, ddp_exec, distributed_eval, fast_inputs, no_waits, precision
+from . import (
+    allocator,
+    checkpoint_files,
+    compiled,
+    ddp_exec,
+    distributed_eval,
+    fast_inputs,
+    no_waits,
+    precision,
+    process_name,
+)
 from .counters import TrainingCounters
 
 HEARTBEAT_SECONDS = 1.0
@@ -477,6 +487,7 @@ def main() -> None:
     """A worker's life: the spec, then jobs, all from the channel whose descriptor is ``sys.argv[1]``."""
     connection = Connection(int(sys.argv[1]))
     spec: WorkerSpec = connection.recv()
+    process_name.set_name(process_name.rank_name(spec.rank))  # its name in ps and top: "flair_nbddp r0"
     sender = EventSender(connection)
     jobs: queue.Queue = queue.Queue()
     _listen_to_parent(sender, jobs)

@@ -1,0 +1,337 @@
+"""CPU workers forked from a server that imported torch and flair once, instead of each importing them again.
+
+A worker started as a fresh interpreter spends about 6 CPU-seconds importing torch, transformers and flair before
+its first job: on a 2-core machine, a CPU rehearsal's two ranks wait that long at every cold launch. On Linux, CPU
+ranks (``device="cpu"``) are instead forked from a server process, one per notebook and environment, that imported
+them already and forks each worker in a fraction of a second.
+
+A forked worker runs the same program as a spawned one (:func:`flair_nbddp.worker.main.main`): in a session of its
+own, with the parent's channel, its log as its output, the rank's environment (``os.environ`` as the parent has it,
+with the rank's variables) and ``OMP_NUM_THREADS`` threads. Its exit code reaches the parent through the server,
+as a spawned one's would (``-9``: killed by ``SIGKILL``). A change to the parent's environment starts a new server,
+so variables read at import (``HF_HUB_OFFLINE``, ``FLAIR_CACHE_ROOT``) hold as in a fresh process. The server ends
+with its parent, after ten idle minutes without workers, or when it is replaced; its workers end with it.
+
+GPU ranks are always spawned fresh: a worker must meet CUDA for the first time after the fork.
+
+Example::
+
+    connection, process = spawn(spec, env, log)  # what WorkerGroup does for each CPU rank
+    process.wait(timeout=5)                      # Popen's interface: pid, poll, wait, send_signal, returncode
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import importlib
+import os
+import pickle
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from .errors import ForkServerError
+from .wire.events import WorkerSpec
+
+IMPORTS = ("torch", "torch.distributed", "flair", "flair.models", "flair.embeddings", "flair.trainers",
+           "flair_nbddp.worker.main")  # fmt: skip
+IDLE_SECONDS = 600.0  # a server without workers or requests for this long exits (it holds torch and flair)
+START_TIMEOUT_SECONDS = 300.0  # the server's imports, then the fork
+# pytest marks each test in the environment; nothing reads it at import, so it does not call for a new server
+_VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
+SERVER_NAME = "flair_nbddp fs"  # what ps and top call a server (its workers: "flair_nbddp r0"...)
+_MESSAGE_BYTES = 1 << 20
+_PR_SET_PDEATHSIG = 1
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+_SERVER_COMMAND = (
+    f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); from flair_nbddp.forkserver import serve; serve()"
+)
+
+
+def available(device_type: str) -> bool:
+    """Whether ranks on ``device_type`` are forked from a server: CPU ranks on Linux.
+
+    Example:
+        >>> available("cuda")
+        False
+    """
+    return device_type == "cpu" and sys.platform.startswith("linux")
+
+
+class ForkedWorker:
+    """A worker forked by the server, with the part of :class:`subprocess.Popen`'s interface the kit uses."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._exited = threading.Event()
+
+    def _ended(self, code: int) -> None:
+        self.returncode = code
+        self._exited.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._exited.wait(timeout):
+            raise subprocess.TimeoutExpired(f"flair_nbddp worker {self.pid}", timeout or 0.0)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class _Server:
+    """The parent's side of one server: its process, requests one at a time, and its workers' exits."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _SERVER_COMMAND, str(theirs.fileno()), repr(IDLE_SECONDS)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                pass_fds=[theirs.fileno()], start_new_session=True,  # a kernel interrupt does not reach it
+            )  # fmt: skip
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._socket = ours
+        self._request_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._started: list[tuple[int, dict[str, int]]] = []  # replies to the request under way
+        self._replied = threading.Condition(self._lock)
+        self._workers: dict[int, ForkedWorker] = {}
+        self._early_exits: dict[int, int] = {}  # workers that exited before their start was taken in
+        self.gone = False
+        threading.Thread(target=self._read, name="flair_nbddp-forkserver", daemon=True).start()
+
+    @property
+    def busy(self) -> bool:
+        """It has workers that are still running."""
+        with self._lock:
+            return any(worker.returncode is None for worker in self._workers.values())
+
+    def fork(self, env: dict[str, str], fds: dict[str, int]) -> tuple[ForkedWorker, dict[str, int]]:
+        """A worker with environment ``env`` and the descriptors ``fds`` (by name), and their numbers in it."""
+        names = list(fds)
+        with self._request_lock:
+            with self._lock:
+                if self.gone:
+                    raise ForkServerError("the fork server has exited")
+                self._started.clear()
+            socket.send_fds(self._socket, [pickle.dumps((env, names))], [fds[name] for name in names])
+            with self._lock:
+                if not self._replied.wait_for(lambda: self._started or self.gone, START_TIMEOUT_SECONDS):
+                    raise ForkServerError(f"the fork server did not start a worker in {START_TIMEOUT_SECONDS:.0f} s")
+                reply = self._started[0] if self._started else None
+                if reply is None:
+                    raise ForkServerError("the fork server exited before it started the worker")
+                pid, numbers = reply
+                worker = self._workers[pid] = ForkedWorker(pid)
+                if pid in self._early_exits:
+                    worker._ended(self._early_exits.pop(pid))
+        return worker, numbers
+
+    def close(self) -> None:
+        """Let the server exit (its workers end with it)."""
+        with contextlib.suppress(OSError):  # shutdown, not close alone: it wakes the reader and reaches the server
+            self._socket.shutdown(socket.SHUT_RDWR)
+        self._socket.close()
+
+    def _read(self) -> None:
+        try:
+            while message := self._socket.recv(_MESSAGE_BYTES):
+                kind, pid, detail = pickle.loads(message)
+                with self._lock:
+                    if kind == "started":
+                        self._started.append((pid, detail))
+                        self._replied.notify_all()
+                    elif pid in self._workers:
+                        self._workers[pid]._ended(detail)
+                    else:
+                        self._early_exits[pid] = detail
+        except OSError:
+            pass
+        with self._lock:
+            self.gone = True
+            self._replied.notify_all()
+            orphans = [worker for worker in self._workers.values() if worker.returncode is None]
+        self.process.wait()
+        for worker in orphans:  # the server's death sent them SIGKILL (their parent-death signal)
+            _wait_gone(worker.pid)
+            worker._ended(-signal.SIGKILL)
+
+
+def _wait_gone(pid: int) -> None:
+    """Until process ``pid`` (a worker whose server died; init reaps it) has disappeared."""
+    while True:
+        time.sleep(0.05)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:  # its number was taken by another user's process: ours is gone
+            return
+
+
+_SERVERS: dict[frozenset, _Server] = {}
+_SERVERS_LOCK = threading.Lock()
+
+
+def _server(env: dict[str, str]) -> _Server:
+    """This process's server for ``env`` (started if there is none, or it has exited); servers of other
+    environments are let go once their workers have ended."""
+    key = frozenset((name, value) for name, value in env.items() if name not in _VOLATILE)
+    with _SERVERS_LOCK:
+        for other, server in list(_SERVERS.items()):
+            if server.gone or (other != key and not server.busy):
+                server.close()
+                del _SERVERS[other]
+        if key not in _SERVERS:
+            # unbuffered output, as a rank's; torch asks NVML, not CUDA, whether there is a GPU (flair's import asks)
+            _SERVERS[key] = _Server({**env, "PYTHONUNBUFFERED": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"})
+        return _SERVERS[key]
+
+
+def server_pids() -> set[int]:
+    """The process ids of this process's fork servers that are running.
+
+    Example:
+        >>> isinstance(server_pids(), set)
+        True
+    """
+    with _SERVERS_LOCK:
+        return {server.process.pid for server in _SERVERS.values() if not server.gone}
+
+
+def spawn(
+    spec: WorkerSpec, env: dict[str, str], log: Path, server_env: dict[str, str]
+) -> tuple[Connection, ForkedWorker]:
+    """Fork a worker for ``spec`` with environment ``env`` and its output appended to ``log``, from the server of
+    ``server_env`` (``env`` without the rank's variables); send it ``spec`` (with its store's socket where the worker
+    has it) and return the parent's end of its channel and the worker.
+
+    Raises OSError (:class:`~flair_nbddp.errors.ForkServerError` among them) where no server could fork it."""
+    parent_end, child_end = socket.socketpair()
+    try:
+        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            fds = {"channel": child_end.fileno(), "log": log_fd}
+            if spec.listen_fd is not None:
+                fds["listen"] = spec.listen_fd
+            worker, numbers = _server(server_env).fork(env, fds)
+        finally:
+            os.close(log_fd)
+        connection = Connection(parent_end.detach())
+    except BaseException:
+        parent_end.close()
+        raise
+    finally:
+        child_end.close()
+    connection.send(dataclasses.replace(spec, listen_fd=numbers.get("listen")))
+    return connection, worker
+
+
+# -- the server's side ------------------------------------------------------------------------------------------
+def serve() -> None:
+    """The server's life (``sys.argv[1]``: its channel; ``sys.argv[2]``: the seconds it may idle): import torch and
+    flair, then fork a worker for each request until the parent is gone or it idled too long. In a forked worker
+    this runs the worker and returns."""
+    from .worker import process_name
+
+    process_name.set_name(SERVER_NAME)
+    channel, idle_seconds = socket.socket(fileno=int(sys.argv[1])), float(sys.argv[2])
+    for name in IMPORTS:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - each worker imports it again and reports the error to its run
+            break
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: set[int] = set()
+    while True:
+        ready, _, _ = select.select([channel, wake_read], [], [], None if children else idle_seconds)
+        if not ready:  # idle: no request and no worker for a while
+            return
+        if wake_read in ready:
+            os.read(wake_read, 4096)
+        if not _reap(channel, children):
+            return
+        if channel in ready:
+            message, fds, _, _ = socket.recv_fds(channel, _MESSAGE_BYTES, 8)
+            if not message:  # the parent is gone
+                return
+            env, names = pickle.loads(message)
+            pid = os.fork()
+            if pid == 0:
+                for fd in (wake_read, wake_write):
+                    os.close(fd)
+                channel.close()
+                _become_worker(env, dict(zip(names, fds)))
+                return
+            children.add(pid)
+            for fd in fds:
+                os.close(fd)
+            if not _send(channel, ("started", pid, dict(zip(names, fds)))):
+                return
+
+
+def _send(channel: socket.socket, message: tuple) -> bool:
+    try:
+        channel.send(pickle.dumps(message))
+    except OSError:  # the parent is gone
+        return False
+    return True
+
+
+def _reap(channel: socket.socket, children: set[int]) -> bool:
+    """Tell the parent of every worker that exited; False once the parent is gone."""
+    while children:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            break
+        children.discard(pid)
+        if not _send(channel, ("exited", pid, os.waitstatus_to_exitcode(status))):
+            return False
+    return True
+
+
+def _become_worker(env: dict[str, str], fds: dict[str, int]) -> None:
+    """In the forked child: the worker's session, output, environment and threads, then the worker itself."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.setsid()  # a group of its own, as a spawned worker's: the parent ends it with os.killpg
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the server died before the line above
+        os._exit(1)
+    for stream in (1, 2):
+        os.dup2(fds["log"], stream)
+    os.close(fds["log"])
+    os.environ.clear()
+    os.environ.update(env)
+    threads = env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:  # torch sized its pool from the server's environment
+        import torch
+
+        torch.set_num_threads(int(threads))
+    sys.argv = ["-c", str(fds["channel"])]
+    from .worker.main import main
+
+    main()

@@ -1,0 +1,126 @@
+"""CPU workers forked from a server that imported torch and flair once (flair_nbddp/forkserver.py)."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+from conftest import wait_for
+
+from flair_nbddp import WorkerError, forkserver, launch
+from flair_nbddp.devices import resolve_devices
+from flair_nbddp.local_ranks import WorkerGroup
+from flair_nbddp.rundir import RunDir
+
+pytestmark = [pytest.mark.process, pytest.mark.usefixtures("no_leftover_processes")]
+
+
+def _gone(pid):
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _who():
+    import os
+
+    import flair
+    import psutil
+    import torch
+
+    return {
+        "name": psutil.Process().name(),
+        "pid": os.getpid(), "parent": os.getppid(), "session": os.getsid(0), "threads": torch.get_num_threads(),
+        "rank": os.environ["RANK"], "cache_root": str(flair.cache_root), "marker": os.environ.get("FORKSERVER_TEST"),
+    }  # fmt: skip
+
+
+def test_cpu_ranks_come_from_one_server_as_a_fresh_rank_would_be(monkeypatch, tmp_path):
+    first = launch(_who, device="cpu", processes=2, dashboard=False)
+    second = launch(_who, device="cpu", processes=2, dashboard=False)
+    server = first.value["parent"]
+    assert server in forkserver.server_pids() and server != os.getpid()
+    assert psutil.Process(server).parent().pid == os.getpid() and psutil.Process(server).name() == "flair_nbddp fs"
+    assert second.value["parent"] == server and second.value["pid"] != first.value["pid"]  # the same server
+    for who in (first.value, second.value):
+        assert who["session"] == who["pid"]  # a session of its own: the parent ends it with killpg
+        assert who["threads"] == max(1, (os.cpu_count() or 1) // 2)  # its share of the cores, as OMP_NUM_THREADS says
+        assert who["rank"] == "0" and who["name"] == "flair_nbddp r0"  # as ps and top show it
+    # a variable read at import (flair's cache root) changed in the notebook: a new server, which reads it
+    monkeypatch.setenv("FLAIR_CACHE_ROOT", str(tmp_path / "flair-cache"))
+    monkeypatch.setenv("FORKSERVER_TEST", "1")
+    third = launch(_who, device="cpu", processes=2, dashboard=False)
+    assert third.value["parent"] != server
+    assert (third.value["cache_root"], third.value["marker"]) == (str(tmp_path / "flair-cache"), "1")
+    # the earlier server had no worker left: it was let go, and is gone
+    wait_for(lambda: _gone(server), 30, "the earlier server to exit")
+    assert server not in forkserver.server_pids() and third.value["parent"] in forkserver.server_pids()
+
+
+def _kill_rank_1():
+    import os
+    import signal
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
+def test_a_forked_ranks_death_is_reported_with_its_signal():
+    with pytest.raises(WorkerError) as failure:
+        launch(_kill_rank_1, device="cpu", processes=2, dashboard=False, timeout=120)
+    assert "rank 1" in str(failure.value) and "killed by signal SIGKILL" in str(failure.value)
+
+
+def test_a_dead_server_ends_its_workers_and_the_next_run_gets_a_new_one():
+    group = WorkerGroup(resolve_devices("cpu", 2), RunDir.create()).start()
+    try:
+        server = psutil.Process(group.pids[0]).parent().pid
+        assert server in forkserver.server_pids() and psutil.Process(group.pids[1]).parent().pid == server
+        os.kill(server, signal.SIGKILL)
+        wait_for(lambda: len(group.dead_ranks()) == 2, 30, "the server's workers to end")
+        assert group.dead_ranks() == {0: -signal.SIGKILL, 1: -signal.SIGKILL}  # their parent-death signal
+        assert not any(psutil.pid_exists(pid) for pid in group.pids)
+    finally:
+        group.close()
+    after = launch(_who, device="cpu", processes=2, dashboard=False)
+    assert after.value["parent"] != server and after.value["parent"] in forkserver.server_pids()
+
+
+def test_a_server_ends_with_its_parent_and_takes_its_workers():
+    program = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import sys, psutil, flair_nbddp\n"
+            "pool = flair_nbddp.WorkerPool(2, 'cpu').warm_up()\n"
+            "print(psutil.Process(pool.pids[0]).parent().pid, *pool.pids, flush=True)\n"
+            "sys.stdin.read()\n"
+        )],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        server, *workers = map(int, program.stdout.readline().split())
+    finally:
+        program.kill()  # the notebook's kernel dies
+        program.wait()
+    for pid in (server, *workers):
+        wait_for(lambda pid=pid: _gone(pid), 30, f"process {pid} to end with the program that started the pool")
+
+
+def test_an_idle_server_exits_and_one_that_cannot_start_leaves_workers_to_start_afresh(monkeypatch, tmp_path):
+    monkeypatch.setattr(forkserver, "IDLE_SECONDS", 0.5)
+    monkeypatch.setenv("FORKSERVER_TEST", "idle")  # a server of its own
+    first = launch(_who, device="cpu", processes=1, dashboard=False)
+    server = first.value["parent"]
+    wait_for(lambda: server not in forkserver.server_pids(), 30, "the idle server to exit")  # idle half a second
+    monkeypatch.setattr(forkserver, "_SERVER_COMMAND", "import sys; sys.exit(3)")
+    monkeypatch.setenv("FORKSERVER_TEST", "broken")
+    fresh = launch(_who, device="cpu", processes=1, dashboard=False)
+    assert fresh.value["parent"] == os.getpid() and fresh.value["marker"] == "broken"
+    assert fresh.value["name"] == "flair_nbddp r0"
+    log = fresh.run_dir / "rank0.log"
+    assert "the fork server could not start this worker" in log.read_text()
