@@ -1,0 +1,82 @@
+"""Cold launches one after another, as a notebook's cells make them: wall time and the machine's CPU time each.
+
+    python benchmarks/cold_launches.py --device cpu --launches 4
+
+Each launch starts new workers (no pool): a trivial job, then a short training of the tiny model on a corpus built
+once, here, like in a notebook. On CPU the kit forks its workers from a server that imported torch and flair once
+(``flair_nbddp/forkserver.py``): the first launch starts it, the next ones fork from it. CPU time is the whole
+machine's (user + system, every process: the workers, their server and this one), so run it on a quiet machine.
+Prints one JSON line: per launch, its wall seconds, CPU seconds and (trainings) seconds to the first batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+
+def nothing() -> None:
+    return None
+
+
+def _cpu_seconds() -> float:
+    import psutil
+
+    times = psutil.cpu_times()
+    return times.user + times.system
+
+
+def measure(device: str, processes: int | None, launches: int, docs: int, workdir: Path) -> dict:
+    from flair_nbddp import launch
+    from flair_nbddp.demo import train_classifier
+    from flair_nbddp.synthetic import sentiment_corpus, tiny_transformer
+
+    corpus = sentiment_corpus(n_train=docs, n_dev=16, n_test=16, words=(20, 30))
+    model = tiny_transformer(workdir / "model-tiny", size="tiny")
+    job = dict(
+        args=(corpus, model, str(workdir / "training")),
+        kwargs={"max_epochs": 1, "mini_batch_size": 16, "learning_rate": 5e-5, "return_model": False},
+    )
+    rows = []
+    for index in range(launches):
+        for kind, fn, extra in (("trivial", nothing, {}), ("training", train_classifier, job)):
+            cpu, wall = _cpu_seconds(), time.perf_counter()
+            result = launch(fn, device=device, processes=processes, dashboard=False, **extra)
+            rows.append({
+                "launch": index, "job": kind, "wall_s": round(time.perf_counter() - wall, 3),
+                "cpu_s": round(_cpu_seconds() - cpu, 3),
+                "first_batch_s": round(result.time_to_first_batch, 3) if kind == "training" else None,
+            })  # fmt: skip
+    later = [row for row in rows if row["launch"] > 0]
+    return {
+        "launches": rows,
+        "later_trivial_wall_s": sum(r["wall_s"] for r in later if r["job"] == "trivial") / max(1, launches - 1),
+        "later_training_wall_s": sum(r["wall_s"] for r in later if r["job"] == "training") / max(1, launches - 1),
+        "later_cpu_s_per_launch": sum(r["cpu_s"] for r in later) / max(1, len(later)),
+        "device": device,
+        "processes": processes,
+        "docs": docs,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--processes", type=int, default=None)
+    parser.add_argument("--launches", type=int, default=4)
+    parser.add_argument("--docs", type=int, default=64)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    figures = measure(args.device, args.processes, args.launches, args.docs, Path(tempfile.mkdtemp()))
+    print(json.dumps(figures))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()
