@@ -15,6 +15,7 @@ import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from .errors import DeviceError, UnsupportedPlatformError
 
@@ -129,6 +130,24 @@ class DevicePlan:
             share = max(self.world_size, self.cpu_share or cpu_slots())
             env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // share)))
         return env
+
+
+# the folder that holds this kit: first on a worker's path, so that it runs the notebook's kit (not another
+# version a working directory or PYTHONPATH might hold)
+PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def worker_environment() -> dict[str, str]:
+    """This process's environment as its workers start with it (before their rank's variables): with the kit's
+    root first on ``PYTHONPATH``.
+
+    Example:
+        >>> worker_environment()["PYTHONPATH"].split(os.pathsep)[0] == PACKAGE_ROOT
+        True
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_ROOT, env.get("PYTHONPATH")]))
+    return env
 
 
 @functools.cache

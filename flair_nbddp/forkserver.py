@@ -1,22 +1,27 @@
 """CPU workers forked from a server that imported torch and flair once, instead of each importing them again.
 
 A worker started as a fresh interpreter spends about 6 CPU-seconds importing torch, transformers and flair before
-its first job: on a 2-core machine, a CPU rehearsal's two ranks wait that long at every cold launch. On Linux, CPU
-ranks (``device="cpu"``) are instead forked from a server process, one per notebook and environment, that imported
-them already and forks each worker in a fraction of a second.
+its first job: on a 2-core machine, a CPU rehearsal's two ranks wait that long at every cold launch. On Linux, the
+first CPU launch (``device="cpu"``) of a notebook starts its ranks that way and, beside them, a server process that
+imports torch and flair once; once it is ready, later CPU ranks are forked from it in a fraction of a second. A
+launch never waits for the server: until it is ready, ranks start afresh.
 
-A forked worker runs the same program as a spawned one (:func:`flair_nbddp.worker.main.main`): in a session of its
+A forked worker runs the same program as a fresh one (:func:`flair_nbddp.worker.main.main`): in a session of its
 own, with the parent's channel, its log as its output, the rank's environment (``os.environ`` as the parent has it,
 with the rank's variables) and ``OMP_NUM_THREADS`` threads. Its exit code reaches the parent through the server,
-as a spawned one's would (``-9``: killed by ``SIGKILL``). A change to the parent's environment starts a new server,
-so variables read at import (``HF_HUB_OFFLINE``, ``FLAIR_CACHE_ROOT``) hold as in a fresh process. The server ends
-with its parent, after ten idle minutes without workers, or when it is replaced; its workers end with it.
+as a fresh one's would (``-9``: killed by ``SIGKILL``). A change to the parent's environment calls for a new server,
+so variables read at import (``HF_HUB_OFFLINE``, ``FLAIR_CACHE_ROOT``) hold as in a fresh process; the kit's own
+(``FLAIR_NBDDP_*``) are read when used, and the worker has them as the parent has them at the launch. The server ends
+with its parent, after ten idle minutes without workers, or when it is replaced; its workers end with it. A server
+that exits before it is ready is not started again for that environment: its ranks start afresh, and their logs
+say why.
 
-GPU ranks are always spawned fresh: a worker must meet CUDA for the first time after the fork.
+GPU ranks are always fresh interpreters: a worker must meet CUDA for the first time after the fork.
 
 Example::
 
-    connection, process = spawn(spec, env, log)  # what WorkerGroup does for each CPU rank
+    server = ready_server(env)                   # None until one is ready (it is started then, in the background)
+    connection, process = spawn(server, spec, env | rank_env, log)
     process.wait(timeout=5)                      # Popen's interface: pid, poll, wait, send_signal, returncode
 """
 
@@ -38,21 +43,23 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from .devices import PACKAGE_ROOT, worker_environment
 from .errors import ForkServerError
 from .wire.events import WorkerSpec
 
 IMPORTS = ("torch", "torch.distributed", "flair", "flair.models", "flair.embeddings", "flair.trainers",
            "flair_nbddp.worker.main")  # fmt: skip
 IDLE_SECONDS = 600.0  # a server without workers or requests for this long exits (it holds torch and flair)
-START_TIMEOUT_SECONDS = 300.0  # the server's imports, then the fork
-# pytest marks each test in the environment; nothing reads it at import, so it does not call for a new server
+FORK_TIMEOUT_SECONDS = 60.0  # a ready server forks in milliseconds
+# variables nothing reads at import, so a change to them calls for no new server: the kit's own (read when used)
+# and pytest's mark of the test that runs
+_KIT_PREFIX = "FLAIR_NBDDP_"
 _VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
 SERVER_NAME = "flair_nbddp fs"  # what ps and top call a server (its workers: "flair_nbddp r0"...)
 _MESSAGE_BYTES = 1 << 20
 _PR_SET_PDEATHSIG = 1
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 _SERVER_COMMAND = (
-    f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); from flair_nbddp.forkserver import serve; serve()"
+    f"import sys; sys.path.insert(0, {PACKAGE_ROOT!r}); from flair_nbddp.forkserver import serve; serve()"
 )
 
 
@@ -117,6 +124,7 @@ class _Server:
         self._replied = threading.Condition(self._lock)
         self._workers: dict[int, ForkedWorker] = {}
         self._early_exits: dict[int, int] = {}  # workers that exited before their start was taken in
+        self.ready = False  # it imported torch and flair and takes requests
         self.gone = False
         threading.Thread(target=self._read, name="flair_nbddp-forkserver", daemon=True).start()
 
@@ -136,8 +144,8 @@ class _Server:
                 self._started.clear()
             socket.send_fds(self._socket, [pickle.dumps((env, names))], [fds[name] for name in names])
             with self._lock:
-                if not self._replied.wait_for(lambda: self._started or self.gone, START_TIMEOUT_SECONDS):
-                    raise ForkServerError(f"the fork server did not start a worker in {START_TIMEOUT_SECONDS:.0f} s")
+                if not self._replied.wait_for(lambda: self._started or self.gone, FORK_TIMEOUT_SECONDS):
+                    raise ForkServerError(f"the fork server did not start a worker in {FORK_TIMEOUT_SECONDS:.0f} s")
                 reply = self._started[0] if self._started else None
                 if reply is None:
                     raise ForkServerError("the fork server exited before it started the worker")
@@ -158,7 +166,10 @@ class _Server:
             while message := self._socket.recv(_MESSAGE_BYTES):
                 kind, pid, detail = pickle.loads(message)
                 with self._lock:
-                    if kind == "started":
+                    if kind == "ready":
+                        self.ready = True
+                        self._replied.notify_all()
+                    elif kind == "started":
                         self._started.append((pid, detail))
                         self._replied.notify_all()
                     elif pid in self._workers:
@@ -190,43 +201,77 @@ def _wait_gone(pid: int) -> None:
 
 
 _SERVERS: dict[frozenset, _Server] = {}
+_FAILED: set[frozenset] = set()  # environments whose server exited before it was ready
 _SERVERS_LOCK = threading.Lock()
 
 
-def _server(env: dict[str, str]) -> _Server:
-    """This process's server for ``env`` (started if there is none, or it has exited); servers of other
-    environments are let go once their workers have ended."""
-    key = frozenset((name, value) for name, value in env.items() if name not in _VOLATILE)
+def _key(env: dict[str, str]) -> frozenset:
+    return frozenset(
+        (name, value) for name, value in env.items() if name not in _VOLATILE and not name.startswith(_KIT_PREFIX)
+    )
+
+
+def ready_server(env: dict[str, str]) -> _Server | None:
+    """This process's server for ``env`` (the parent's environment, as workers get it) if it is ready; else None,
+    having started one in the background if there is none and it may (one that exited before it was ready is not
+    started again). Servers of other environments are let go once they have no worker left."""
+    key = _key(env)
     with _SERVERS_LOCK:
         for other, server in list(_SERVERS.items()):
             if server.gone or (other != key and not server.busy):
+                if server.gone and not server.ready:
+                    _FAILED.add(other)
                 server.close()
                 del _SERVERS[other]
-        if key not in _SERVERS:
+        server = _SERVERS.get(key)
+        if server is None and key not in _FAILED:
             # unbuffered output, as a rank's; torch asks NVML, not CUDA, whether there is a GPU (flair's import asks)
             _SERVERS[key] = _Server({**env, "PYTHONUNBUFFERED": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"})
-        return _SERVERS[key]
+        return server if server is not None and server.ready else None
 
 
-def server_pids() -> set[int]:
-    """The process ids of this process's fork servers that are running.
+def failed(env: dict[str, str]) -> bool:
+    """Whether the server for ``env`` exited before it was ready (so ranks with it start afresh)."""
+    with _SERVERS_LOCK:
+        return _key(env) in _FAILED
+
+
+def prepare(timeout: float = 120.0) -> bool:
+    """Start this process's server for its current environment now, if there is none, and wait until it is ready
+    (at most ``timeout`` s): the next CPU launch then forks its ranks. True once it is ready.
+
+    Example::
+
+        forkserver.prepare()  # in a set-up cell, before the first CPU launch
+    """
+    env = worker_environment()
+    ready_server(env)
+    with _SERVERS_LOCK:
+        server = _SERVERS.get(_key(env))
+    if server is None:
+        return False
+    with server._lock:
+        server._replied.wait_for(lambda: server.ready or server.gone, timeout)
+    return ready_server(env) is not None
+
+
+def server_pids(ready: bool = False) -> set[int]:
+    """The process ids of this process's fork servers that are running (with ``ready``: those ready to fork).
 
     Example:
         >>> isinstance(server_pids(), set)
         True
     """
     with _SERVERS_LOCK:
-        return {server.process.pid for server in _SERVERS.values() if not server.gone}
+        return {server.process.pid for server in _SERVERS.values() if not server.gone and (server.ready or not ready)}
 
 
-def spawn(
-    spec: WorkerSpec, env: dict[str, str], log: Path, server_env: dict[str, str]
-) -> tuple[Connection, ForkedWorker]:
-    """Fork a worker for ``spec`` with environment ``env`` and its output appended to ``log``, from the server of
-    ``server_env`` (``env`` without the rank's variables); send it ``spec`` (with its store's socket where the worker
-    has it) and return the parent's end of its channel and the worker.
+def spawn(server: _Server, spec: WorkerSpec, env: dict[str, str], log: Path) -> tuple[Connection, ForkedWorker]:
+    """Fork a worker for ``spec`` from ``server`` (:func:`ready_server`) with environment ``env`` and its output
+    appended to ``log``; send it ``spec`` (with its store's socket where the worker has it) and return the parent's
+    end of its channel and the worker.
 
-    Raises OSError (:class:`~flair_nbddp.errors.ForkServerError` among them) where no server could fork it."""
+    Raises OSError (:class:`~flair_nbddp.errors.ForkServerError` among them) where the server could not fork it."""
     parent_end, child_end = socket.socketpair()
     try:
         log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -234,7 +279,7 @@ def spawn(
             fds = {"channel": child_end.fileno(), "log": log_fd}
             if spec.listen_fd is not None:
                 fds["listen"] = spec.listen_fd
-            worker, numbers = _server(server_env).fork(env, fds)
+            worker, numbers = server.fork(env, fds)
         finally:
             os.close(log_fd)
         connection = Connection(parent_end.detach())
@@ -261,6 +306,8 @@ def serve() -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - each worker imports it again and reports the error to its run
             break
+    if not _send(channel, ("ready", 0, None)):
+        return
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import forkserver
-from .devices import DevicePlan, rendezvous_socket
+from .devices import PACKAGE_ROOT, DevicePlan, rendezvous_socket, worker_environment
 from .errors import describe_exit
 from .forkserver import ForkedWorker
 from .rundir import RunDir
@@ -36,10 +36,9 @@ from .wire.events import EXIT, Job, WorkerSpec
 
 TERMINATE_GRACE_SECONDS = 3.0
 RENDEZVOUS_TIMEOUT_SECONDS = 600
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 # not `python -m`, which puts the working directory first: a folder named flair_nbddp there (a checkout of
 # another version) would give the workers another kit than the notebook's
-_WORKER_COMMAND = f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); from flair_nbddp.worker.main import main; main()"
+_WORKER_COMMAND = f"import sys; sys.path.insert(0, {PACKAGE_ROOT!r}); from flair_nbddp.worker.main import main; main()"
 
 
 def spawn_worker(
@@ -51,25 +50,31 @@ def spawn_worker(
     Rank 0 inherits ``spec.listen_fd``, its store's socket.
 
     A CPU rank on Linux is forked from :mod:`~flair_nbddp.forkserver`'s server, which imported torch and flair
-    already (a fresh interpreter if the server cannot start it, with a line in ``log`` saying why); any other
-    rank is a fresh interpreter.
+    already, once one is ready (until then, and for any other rank, a fresh interpreter).
 
     Every descriptor and process is accounted for, even if an interrupt lands between two lines: an
     interrupted spawn leaves no channel open, and a process that started is in ``started`` for the caller to end.
     """
-    base = dict(os.environ)
-    base["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, base.get("PYTHONPATH")]))
+    base = worker_environment()
     full = {name: value for name, value in {**base, **env}.items() if value is not None}
     if forkserver.available(spec.device):
-        try:
-            connection, worker = forkserver.spawn(spec, full, log, base)
-        except OSError as error:
-            with open(log, "a") as out:
-                print(f"flair_nbddp: the fork server could not start this worker ({error}): started afresh", file=out)
-        else:
-            started.append(worker)
-            return connection
+        server = forkserver.ready_server(base)
+        if server is not None:
+            try:
+                connection, worker = forkserver.spawn(server, spec, full, log)
+            except OSError as error:
+                _note(log, f"the fork server could not start this worker ({error}): it starts afresh")
+            else:
+                started.append(worker)
+                return connection
+        elif forkserver.failed(base):
+            _note(log, "the fork server exited before it was ready: this worker starts afresh, importing torch and flair")
     return _spawn_fresh(spec, full, log, started)
+
+
+def _note(log: Path, text: str) -> None:
+    with open(log, "a") as out:
+        print(f"flair_nbddp: {text}", file=out)
 
 
 def _spawn_fresh(spec: WorkerSpec, env: dict[str, str], log: Path, started: list) -> Connection:

@@ -38,26 +38,31 @@ def _who():
     }  # fmt: skip
 
 
-def test_cpu_ranks_come_from_one_server_as_a_fresh_rank_would_be(monkeypatch, tmp_path):
+def test_the_first_launch_starts_afresh_and_later_ones_fork_as_a_fresh_rank_would_be(monkeypatch, tmp_path):
+    monkeypatch.setenv("FORKSERVER_TEST", "new")  # an environment no server has yet
     first = launch(_who, device="cpu", processes=2, dashboard=False)
+    assert first.value["parent"] == os.getpid()  # the launch did not wait for the server: its ranks started afresh
+    assert forkserver.prepare()  # the server that launch started in the background
     second = launch(_who, device="cpu", processes=2, dashboard=False)
-    server = first.value["parent"]
-    assert server in forkserver.server_pids() and server != os.getpid()
+    third = launch(_who, device="cpu", processes=2, dashboard=False)
+    server = second.value["parent"]
+    assert server in forkserver.server_pids(ready=True) and server != os.getpid()
     assert psutil.Process(server).parent().pid == os.getpid() and psutil.Process(server).name() == "flair_nbddp fs"
-    assert second.value["parent"] == server and second.value["pid"] != first.value["pid"]  # the same server
-    for who in (first.value, second.value):
+    assert third.value["parent"] == server and third.value["pid"] != second.value["pid"]  # the same server
+    for who in (first.value, second.value, third.value):  # forked or fresh, a rank is the same
         assert who["session"] == who["pid"]  # a session of its own: the parent ends it with killpg
         assert who["threads"] == max(1, (os.cpu_count() or 1) // 2)  # its share of the cores, as OMP_NUM_THREADS says
         assert who["rank"] == "0" and who["name"] == "flair_nbddp r0"  # as ps and top show it
+        assert who["marker"] == "new"
     # a variable read at import (flair's cache root) changed in the notebook: a new server, which reads it
     monkeypatch.setenv("FLAIR_CACHE_ROOT", str(tmp_path / "flair-cache"))
-    monkeypatch.setenv("FORKSERVER_TEST", "1")
-    third = launch(_who, device="cpu", processes=2, dashboard=False)
-    assert third.value["parent"] != server
-    assert (third.value["cache_root"], third.value["marker"]) == (str(tmp_path / "flair-cache"), "1")
+    assert forkserver.prepare()
+    fourth = launch(_who, device="cpu", processes=2, dashboard=False)
+    assert fourth.value["parent"] not in (server, os.getpid())
+    assert fourth.value["cache_root"] == str(tmp_path / "flair-cache")
     # the earlier server had no worker left: it was let go, and is gone
     wait_for(lambda: _gone(server), 30, "the earlier server to exit")
-    assert server not in forkserver.server_pids() and third.value["parent"] in forkserver.server_pids()
+    assert server not in forkserver.server_pids() and fourth.value["parent"] in forkserver.server_pids()
 
 
 def _kill_rank_1():
@@ -72,12 +77,14 @@ def _kill_rank_1():
 
 
 def test_a_forked_ranks_death_is_reported_with_its_signal():
+    assert forkserver.prepare()
     with pytest.raises(WorkerError) as failure:
         launch(_kill_rank_1, device="cpu", processes=2, dashboard=False, timeout=120)
     assert "rank 1" in str(failure.value) and "killed by signal SIGKILL" in str(failure.value)
 
 
 def test_a_dead_server_ends_its_workers_and_the_next_run_gets_a_new_one():
+    assert forkserver.prepare()
     group = WorkerGroup(resolve_devices("cpu", 2), RunDir.create()).start()
     try:
         server = psutil.Process(group.pids[0]).parent().pid
@@ -88,14 +95,16 @@ def test_a_dead_server_ends_its_workers_and_the_next_run_gets_a_new_one():
         assert not any(psutil.pid_exists(pid) for pid in group.pids)
     finally:
         group.close()
+    assert forkserver.prepare()  # the next one
     after = launch(_who, device="cpu", processes=2, dashboard=False)
-    assert after.value["parent"] != server and after.value["parent"] in forkserver.server_pids()
+    assert after.value["parent"] not in (server, os.getpid()) and after.value["parent"] in forkserver.server_pids()
 
 
 def test_a_server_ends_with_its_parent_and_takes_its_workers():
     program = subprocess.Popen(
         [sys.executable, "-c", (
             "import sys, psutil, flair_nbddp\n"
+            "assert flair_nbddp.forkserver.prepare()\n"
             "pool = flair_nbddp.WorkerPool(2, 'cpu').warm_up()\n"
             "print(psutil.Process(pool.pids[0]).parent().pid, *pool.pids, flush=True)\n"
             "sys.stdin.read()\n"
@@ -114,13 +123,15 @@ def test_a_server_ends_with_its_parent_and_takes_its_workers():
 def test_an_idle_server_exits_and_one_that_cannot_start_leaves_workers_to_start_afresh(monkeypatch, tmp_path):
     monkeypatch.setattr(forkserver, "IDLE_SECONDS", 0.5)
     monkeypatch.setenv("FORKSERVER_TEST", "idle")  # a server of its own
+    assert forkserver.prepare()
     first = launch(_who, device="cpu", processes=1, dashboard=False)
     server = first.value["parent"]
+    assert server in forkserver.server_pids()
     wait_for(lambda: server not in forkserver.server_pids(), 30, "the idle server to exit")  # idle half a second
     monkeypatch.setattr(forkserver, "_SERVER_COMMAND", "import sys; sys.exit(3)")
     monkeypatch.setenv("FORKSERVER_TEST", "broken")
+    assert not forkserver.prepare()  # it exited before it was ready
     fresh = launch(_who, device="cpu", processes=1, dashboard=False)
     assert fresh.value["parent"] == os.getpid() and fresh.value["marker"] == "broken"
     assert fresh.value["name"] == "flair_nbddp r0"
-    log = fresh.run_dir / "rank0.log"
-    assert "the fork server could not start this worker" in log.read_text()
+    assert "the fork server exited before it was ready" in (fresh.run_dir / "rank0.log").read_text()
