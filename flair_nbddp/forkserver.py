@@ -42,10 +42,12 @@ import threading
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 from .devices import PACKAGE_ROOT, worker_environment
 from .errors import ForkServerError
 from .wire.events import WorkerSpec
+from .worker import process_name
 
 IMPORTS = ("torch", "torch.distributed", "flair", "flair.models", "flair.embeddings", "flair.trainers",
            "flair_nbddp.worker.main")  # fmt: skip
@@ -56,6 +58,7 @@ FORK_TIMEOUT_SECONDS = 60.0  # a ready server forks in milliseconds
 _KIT_PREFIX = "FLAIR_NBDDP_"
 _VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
 SERVER_NAME = "flair_nbddp fs"  # what ps and top call a server (its workers: "flair_nbddp r0"...)
+WORKER_NAME = "flair_nbddp wkr"  # a forked worker's name until it reads its rank
 _MESSAGE_BYTES = 1 << 20
 _PR_SET_PDEATHSIG = 1
 _SERVER_COMMAND = (
@@ -120,10 +123,11 @@ class _Server:
         self._socket = ours
         self._request_lock = threading.Lock()
         self._lock = threading.Lock()
-        self._started: list[tuple[int, dict[str, int]]] = []  # replies to the request under way
         self._replied = threading.Condition(self._lock)
-        self._workers: dict[int, ForkedWorker] = {}
-        self._early_exits: dict[int, int] = {}  # workers that exited before their start was taken in
+        self._requests = 0  # the number of the last request; replies name theirs
+        self._replies: dict[int, tuple[str, int, Any]] = {}  # request → ("started", pid, numbers) or ("failed", 0, why)
+        self._workers: dict[int, ForkedWorker] = {}  # by pid, until they exit
+        self._exits: dict[int, int] = {}  # workers that exited before their start was taken in, or nobody's
         self.ready = False  # it imported torch and flair and takes requests
         self.gone = False
         threading.Thread(target=self._read, name="flair_nbddp-forkserver", daemon=True).start()
@@ -132,28 +136,32 @@ class _Server:
     def busy(self) -> bool:
         """It has workers that are still running."""
         with self._lock:
-            return any(worker.returncode is None for worker in self._workers.values())
+            return bool(self._workers)
 
-    def fork(self, env: dict[str, str], fds: dict[str, int]) -> tuple[ForkedWorker, dict[str, int]]:
-        """A worker with environment ``env`` and the descriptors ``fds`` (by name), and their numbers in it."""
+    def fork(self, env: dict[str, str], cwd: str, fds: dict[str, int]) -> tuple[ForkedWorker, dict[str, int]]:
+        """A worker with environment ``env`` in directory ``cwd`` and the descriptors ``fds`` (by name), and their
+        numbers in it."""
         names = list(fds)
         with self._request_lock:
             with self._lock:
                 if self.gone:
                     raise ForkServerError("the fork server has exited")
-                self._started.clear()
-            socket.send_fds(self._socket, [pickle.dumps((env, names))], [fds[name] for name in names])
+                self._requests += 1
+                request = self._requests
+            socket.send_fds(self._socket, [pickle.dumps((request, env, cwd, names))], [fds[name] for name in names])
             with self._lock:
-                if not self._replied.wait_for(lambda: self._started or self.gone, FORK_TIMEOUT_SECONDS):
+                if not self._replied.wait_for(lambda: request in self._replies or self.gone, FORK_TIMEOUT_SECONDS):
                     raise ForkServerError(f"the fork server did not start a worker in {FORK_TIMEOUT_SECONDS:.0f} s")
-                reply = self._started[0] if self._started else None
-                if reply is None:
-                    raise ForkServerError("the fork server exited before it started the worker")
-                pid, numbers = reply
+                kind, pid, detail = self._replies.pop(request, ("failed", 0, "it exited"))
+                if kind == "failed":
+                    raise ForkServerError(f"the fork server could not fork a worker: {detail}")
+                if self.gone:  # its parent-death signal ends the worker: start it afresh instead
+                    raise ForkServerError("the fork server exited as it started the worker")
                 worker = self._workers[pid] = ForkedWorker(pid)
-                if pid in self._early_exits:
-                    worker._ended(self._early_exits.pop(pid))
-        return worker, numbers
+                if pid in self._exits:
+                    worker._ended(self._exits.pop(pid))
+                    del self._workers[pid]
+        return worker, detail
 
     def close(self) -> None:
         """Let the server exit (its workers end with it)."""
@@ -162,42 +170,44 @@ class _Server:
         self._socket.close()
 
     def _read(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             while message := self._socket.recv(_MESSAGE_BYTES):
-                kind, pid, detail = pickle.loads(message)
+                kind, number, detail = pickle.loads(message)
                 with self._lock:
                     if kind == "ready":
                         self.ready = True
-                        self._replied.notify_all()
-                    elif kind == "started":
-                        self._started.append((pid, detail))
-                        self._replied.notify_all()
-                    elif pid in self._workers:
-                        self._workers[pid]._ended(detail)
-                    else:
-                        self._early_exits[pid] = detail
-        except OSError:
-            pass
+                    elif kind == "exited":  # number: the worker's pid; detail: its exit code
+                        if number in self._workers:
+                            self._workers.pop(number)._ended(detail)
+                        else:
+                            self._exits[number] = detail
+                    else:  # "started" or "failed": number is the request's
+                        self._replies[number] = (kind, *detail)
+                    self._replied.notify_all()
         with self._lock:
             self.gone = True
             self._replied.notify_all()
-            orphans = [worker for worker in self._workers.values() if worker.returncode is None]
         self.process.wait()
+        with self._lock:  # after the fork requests that could still register a worker gave up (gone)
+            orphans = list(self._workers.values())
+            self._workers.clear()
         for worker in orphans:  # the server's death sent them SIGKILL (their parent-death signal)
             _wait_gone(worker.pid)
             worker._ended(-signal.SIGKILL)
 
 
-def _wait_gone(pid: int) -> None:
-    """Until process ``pid`` (a worker whose server died; init reaps it) has disappeared."""
-    while True:
-        time.sleep(0.05)
+def _wait_gone(pid: int, timeout: float = 10.0) -> None:
+    """Until process ``pid`` (a worker whose server died; init reaps it) has disappeared or is a zombie, at most
+    ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rpartition(")")[2].split()[0] == "Z":
+                    return
+        except OSError:  # gone
             return
-        except PermissionError:  # its number was taken by another user's process: ours is gone
-            return
+        time.sleep(0.05)
 
 
 _SERVERS: dict[frozenset, _Server] = {}
@@ -279,7 +289,7 @@ def spawn(server: _Server, spec: WorkerSpec, env: dict[str, str], log: Path) -> 
             fds = {"channel": child_end.fileno(), "log": log_fd}
             if spec.listen_fd is not None:
                 fds["listen"] = spec.listen_fd
-            worker, numbers = server.fork(env, fds)
+            worker, numbers = server.fork(env, os.getcwd(), fds)
         finally:
             os.close(log_fd)
         connection = Connection(parent_end.detach())
@@ -297,8 +307,6 @@ def serve() -> None:
     """The server's life (``sys.argv[1]``: its channel; ``sys.argv[2]``: the seconds it may idle): import torch and
     flair, then fork a worker for each request until the parent is gone or it idled too long. In a forked worker
     this runs the worker and returns."""
-    from .worker import process_name
-
     process_name.set_name(SERVER_NAME)
     channel, idle_seconds = socket.socket(fileno=int(sys.argv[1])), float(sys.argv[2])
     for name in IMPORTS:
@@ -321,23 +329,33 @@ def serve() -> None:
             os.read(wake_read, 4096)
         if not _reap(channel, children):
             return
-        if channel in ready:
-            message, fds, _, _ = socket.recv_fds(channel, _MESSAGE_BYTES, 8)
-            if not message:  # the parent is gone
-                return
-            env, names = pickle.loads(message)
+        if channel not in ready:
+            continue
+        message, fds, _, _ = socket.recv_fds(channel, _MESSAGE_BYTES, 8)
+        if not message:  # the parent is gone
+            return
+        request, env, cwd, names = pickle.loads(message)
+        settled_read, settled_write = os.pipe()  # the worker closes its end once it has a session of its own
+        try:
             pid = os.fork()
-            if pid == 0:
-                for fd in (wake_read, wake_write):
-                    os.close(fd)
-                channel.close()
-                _become_worker(env, dict(zip(names, fds)))
-                return
-            children.add(pid)
-            for fd in fds:
+        except OSError as error:  # e.g. no memory for another process: that rank starts afresh
+            pid, reply = -1, ("failed", request, (0, str(error)))
+        if pid == 0:
+            for fd in (wake_read, wake_write, settled_read):
                 os.close(fd)
-            if not _send(channel, ("started", pid, dict(zip(names, fds)))):
-                return
+            channel.close()
+            _become_worker(env, cwd, dict(zip(names, fds)), settled_write)
+            return
+        os.close(settled_write)
+        if pid > 0:
+            children.add(pid)
+            os.read(settled_read, 1)  # until the worker has its session (killpg reaches it) or has died
+            reply = ("started", request, (pid, dict(zip(names, fds))))
+        os.close(settled_read)
+        for fd in fds:
+            os.close(fd)
+        if not _send(channel, reply):
+            return
 
 
 def _send(channel: socket.socket, message: tuple) -> bool:
@@ -360,17 +378,21 @@ def _reap(channel: socket.socket, children: set[int]) -> bool:
     return True
 
 
-def _become_worker(env: dict[str, str], fds: dict[str, int]) -> None:
-    """In the forked child: the worker's session, output, environment and threads, then the worker itself."""
+def _become_worker(env: dict[str, str], cwd: str, fds: dict[str, int], settled: int) -> None:
+    """In the forked child: the worker's session, output, directory, environment and threads, then the worker."""
+    server = os.getppid()
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    os.setsid()  # a group of its own, as a spawned worker's: the parent ends it with os.killpg
+    os.setsid()  # a group of its own, as a fresh worker's: the parent ends it with os.killpg
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:  # the server died before the line above
+    if os.getppid() != server:  # the server died before the line above
         os._exit(1)
+    os.close(settled)
+    process_name.set_name(WORKER_NAME)  # until the worker's spec says its rank
     for stream in (1, 2):
         os.dup2(fds["log"], stream)
     os.close(fds["log"])
+    os.chdir(cwd)  # the notebook's directory at the launch, as a fresh worker's
     os.environ.clear()
     os.environ.update(env)
     threads = env.get("OMP_NUM_THREADS", "")

@@ -58,6 +58,8 @@ def spawn_worker(
     base = worker_environment()
     full = {name: value for name, value in {**base, **env}.items() if value is not None}
     if forkserver.available(spec.device):
+        # what the rank unsets, its server has never had (glibc and BLAS read some at a process's start)
+        base = {name: value for name, value in base.items() if env.get(name, "") is not None}
         server = forkserver.ready_server(base)
         if server is not None:
             try:

@@ -35,6 +35,7 @@ def _who():
         "name": psutil.Process().name(),
         "pid": os.getpid(), "parent": os.getppid(), "session": os.getsid(0), "threads": torch.get_num_threads(),
         "rank": os.environ["RANK"], "cache_root": str(flair.cache_root), "marker": os.environ.get("FORKSERVER_TEST"),
+        "cwd": os.getcwd(),
     }  # fmt: skip
 
 
@@ -44,6 +45,7 @@ def test_the_first_launch_starts_afresh_and_later_ones_fork_as_a_fresh_rank_woul
     assert first.value["parent"] == os.getpid()  # the launch did not wait for the server: its ranks started afresh
     assert forkserver.prepare()  # the server that launch started in the background
     second = launch(_who, device="cpu", processes=2, dashboard=False)
+    monkeypatch.chdir(tmp_path)  # the notebook changed its directory (%cd) since the server started
     third = launch(_who, device="cpu", processes=2, dashboard=False)
     server = second.value["parent"]
     assert server in forkserver.server_pids(ready=True) and server != os.getpid()
@@ -51,9 +53,11 @@ def test_the_first_launch_starts_afresh_and_later_ones_fork_as_a_fresh_rank_woul
     assert third.value["parent"] == server and third.value["pid"] != second.value["pid"]  # the same server
     for who in (first.value, second.value, third.value):  # forked or fresh, a rank is the same
         assert who["session"] == who["pid"]  # a session of its own: the parent ends it with killpg
-        assert who["threads"] == max(1, (os.cpu_count() or 1) // 2)  # its share of the cores, as OMP_NUM_THREADS says
+        # its share of the cores, as OMP_NUM_THREADS says (the kit's, unless the user chose)
+        assert who["threads"] == int(os.environ.get("OMP_NUM_THREADS", max(1, (os.cpu_count() or 1) // 2)))
         assert who["rank"] == "0" and who["name"] == "flair_nbddp r0"  # as ps and top show it
         assert who["marker"] == "new"
+    assert third.value["cwd"] == str(tmp_path) != second.value["cwd"]  # the launch's directory, not the server's
     # a variable read at import (flair's cache root) changed in the notebook: a new server, which reads it
     monkeypatch.setenv("FLAIR_CACHE_ROOT", str(tmp_path / "flair-cache"))
     assert forkserver.prepare()
@@ -65,22 +69,25 @@ def test_the_first_launch_starts_afresh_and_later_ones_fork_as_a_fresh_rank_woul
     assert server not in forkserver.server_pids() and fourth.value["parent"] in forkserver.server_pids()
 
 
-def _kill_rank_1():
+def _kill_rank_1(parent_file):
     import os
     import signal
+    from pathlib import Path
 
     import torch.distributed as dist
 
     if dist.get_rank() == 1:
+        Path(parent_file).write_text(str(os.getppid()))
         os.kill(os.getpid(), signal.SIGKILL)
     dist.barrier()
 
 
-def test_a_forked_ranks_death_is_reported_with_its_signal():
+def test_a_forked_ranks_death_is_reported_with_its_signal(tmp_path):
     assert forkserver.prepare()
     with pytest.raises(WorkerError) as failure:
-        launch(_kill_rank_1, device="cpu", processes=2, dashboard=False, timeout=120)
+        launch(_kill_rank_1, args=(str(tmp_path / "parent"),), device="cpu", processes=2, dashboard=False, timeout=120)
     assert "rank 1" in str(failure.value) and "killed by signal SIGKILL" in str(failure.value)
+    assert int((tmp_path / "parent").read_text()) in forkserver.server_pids()  # a forked rank, not a fresh one
 
 
 def test_a_dead_server_ends_its_workers_and_the_next_run_gets_a_new_one():
@@ -92,7 +99,7 @@ def test_a_dead_server_ends_its_workers_and_the_next_run_gets_a_new_one():
         os.kill(server, signal.SIGKILL)
         wait_for(lambda: len(group.dead_ranks()) == 2, 30, "the server's workers to end")
         assert group.dead_ranks() == {0: -signal.SIGKILL, 1: -signal.SIGKILL}  # their parent-death signal
-        assert not any(psutil.pid_exists(pid) for pid in group.pids)
+        assert all(_gone(pid) for pid in group.pids)  # ended (a zombie until init reaps it)
     finally:
         group.close()
     assert forkserver.prepare()  # the next one
@@ -106,7 +113,9 @@ def test_a_server_ends_with_its_parent_and_takes_its_workers():
             "import sys, psutil, flair_nbddp\n"
             "assert flair_nbddp.forkserver.prepare()\n"
             "pool = flair_nbddp.WorkerPool(2, 'cpu').warm_up()\n"
-            "print(psutil.Process(pool.pids[0]).parent().pid, *pool.pids, flush=True)\n"
+            "server = psutil.Process(pool.pids[0]).parent()\n"
+            "assert server.name() == 'flair_nbddp fs', server.name()\n"
+            "print(server.pid, *pool.pids, flush=True)\n"
             "sys.stdin.read()\n"
         )],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

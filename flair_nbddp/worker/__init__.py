@@ -4,7 +4,7 @@
 the streaming plugin, the graceful stop), with ``distributed_eval`` (each rank evaluates its share) and
 ``random_streams`` (flair's random draws kept in its order); ``fast_inputs`` builds transformer inputs once
 (``kept_inputs``, ``input_thread``, ``shared_inputs``) and ``no_waits`` answers flair's questions to the GPU from
-the host; ``counters`` measures throughput; ``ddp_exec`` and
+the host; ``counters`` measures throughput; ``process_name`` names the process for ``ps`` and ``top``; ``ddp_exec`` and
 ``cell_code`` run a notebook cell's code on the rank (``%%ddp_exec``, ``%%ddp_train``).
 
 It never imports notebook code (IPython, ipywidgets, :mod:`flair_nbddp.notebook`): import-linter holds that.
