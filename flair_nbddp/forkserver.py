@@ -235,8 +235,10 @@ def ready_server(env: dict[str, str]) -> _Server | None:
                 del _SERVERS[other]
         server = _SERVERS.get(key)
         if server is None and key not in _FAILED:
-            # unbuffered output, as a rank's; torch asks NVML, not CUDA, whether there is a GPU (flair's import asks)
-            _SERVERS[key] = _Server({**env, "PYTHONUNBUFFERED": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"})
+            try:  # unbuffered output, as a rank's; torch asks NVML, not CUDA, whether there is a GPU (flair asks)
+                _SERVERS[key] = _Server({**env, "PYTHONUNBUFFERED": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"})
+            except OSError:  # e.g. no process could be started: the ranks start afresh, or fail saying why
+                _FAILED.add(key)
         return server if server is not None and server.ready else None
 
 
