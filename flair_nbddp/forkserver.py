@@ -20,16 +20,15 @@ GPU ranks are always fresh interpreters: a worker must meet CUDA for the first t
 
 Example::
 
-    server = ready_server(env)                   # None until one is ready (it is started then, in the background)
-    connection, process = spawn(server, spec, env | rank_env, log)
-    process.wait(timeout=5)                      # Popen's interface: pid, poll, wait, send_signal, returncode
+    server = ready_server(env)         # None until one is ready (it is started then, in the background)
+    worker, numbers = server.fork(env | rank_env, os.getcwd(), {"channel": fd, "log": log_fd})
+    worker.wait(timeout=5)             # Popen's interface: pid, poll, wait, send_signal, returncode
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import importlib
 import os
 import pickle
@@ -40,13 +39,10 @@ import subprocess
 import sys
 import threading
 import time
-from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 from .devices import PACKAGE_ROOT, worker_environment
 from .errors import ForkServerError
-from .wire.events import WorkerSpec
 from .worker import process_name
 
 IMPORTS = ("torch", "torch.distributed", "flair", "flair.models", "flair.embeddings", "flair.trainers",
@@ -276,32 +272,6 @@ def server_pids(ready: bool = False) -> set[int]:
     """
     with _SERVERS_LOCK:
         return {server.process.pid for server in _SERVERS.values() if not server.gone and (server.ready or not ready)}
-
-
-def spawn(server: _Server, spec: WorkerSpec, env: dict[str, str], log: Path) -> tuple[Connection, ForkedWorker]:
-    """Fork a worker for ``spec`` from ``server`` (:func:`ready_server`) with environment ``env`` and its output
-    appended to ``log``; send it ``spec`` (with its store's socket where the worker has it) and return the parent's
-    end of its channel and the worker.
-
-    Raises OSError (:class:`~flair_nbddp.errors.ForkServerError` among them) where the server could not fork it."""
-    parent_end, child_end = socket.socketpair()
-    try:
-        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            fds = {"channel": child_end.fileno(), "log": log_fd}
-            if spec.listen_fd is not None:
-                fds["listen"] = spec.listen_fd
-            worker, numbers = server.fork(env, os.getcwd(), fds)
-        finally:
-            os.close(log_fd)
-        connection = Connection(parent_end.detach())
-    except BaseException:
-        parent_end.close()
-        raise
-    finally:
-        child_end.close()
-    connection.send(dataclasses.replace(spec, listen_fd=numbers.get("listen")))
-    return connection, worker
 
 
 # -- the server's side ------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -62,38 +64,51 @@ def spawn_worker(
         base = {name: value for name, value in base.items() if env.get(name, "") is not None}
         server = forkserver.ready_server(base)
         if server is not None:
+
+            def fork(channel: int, log_fd: int) -> WorkerSpec:
+                fds = {"channel": channel, "log": log_fd}
+                if spec.listen_fd is not None:
+                    fds["listen"] = spec.listen_fd
+                worker, numbers = server.fork(full, os.getcwd(), fds)
+                started.append(worker)
+                return dataclasses.replace(spec, listen_fd=numbers.get("listen"))  # its number in the worker
+
             try:
-                connection, worker = forkserver.spawn(server, spec, full, log)
+                connection, sent = _open_channel(log, fork)
             except OSError as error:
                 _note(log, f"the fork server could not start this worker ({error}): it starts afresh")
             else:
-                started.append(worker)
+                connection.send(sent)
                 return connection
         elif forkserver.failed(base):
             _note(log, "the fork server exited before it was ready: this worker starts afresh, importing torch and flair")
-    return _spawn_fresh(spec, full, log, started)
+
+    def fresh(channel: int, log_fd: int) -> WorkerSpec:
+        started.append(subprocess.Popen(
+            [sys.executable, "-c", _WORKER_COMMAND, str(channel)],
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=subprocess.STDOUT,
+            env=full,
+            pass_fds=[channel] + ([spec.listen_fd] if spec.listen_fd is not None else []),
+            start_new_session=True,
+        ))
+        return spec
+
+    connection, sent = _open_channel(log, fresh)
+    connection.send(sent)
+    return connection
 
 
-def _note(log: Path, text: str) -> None:
-    with open(log, "a") as out:
-        print(f"flair_nbddp: {text}", file=out)
-
-
-def _spawn_fresh(spec: WorkerSpec, env: dict[str, str], log: Path, started: list) -> Connection:
-    """:func:`spawn_worker` in a fresh interpreter with exactly ``env``."""
+def _open_channel(log: Path, start: Callable[[int, int], WorkerSpec]) -> tuple[Connection, WorkerSpec]:
+    """A worker's private socket pair and its log (appended to), for ``start(channel_fd, log_fd)``, which starts the
+    worker process and returns the spec to send it; the parent's end of the channel and that spec. The child's end
+    and the log are closed here once the worker has them, and nothing stays open if anything fails."""
     parent_end, child_end = socket.socketpair()
     try:
         log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            started.append(subprocess.Popen(
-                [sys.executable, "-c", _WORKER_COMMAND, str(child_end.fileno())],
-                stdin=subprocess.DEVNULL,
-                stdout=log_fd,
-                stderr=subprocess.STDOUT,
-                env=env,
-                pass_fds=[child_end.fileno()] + ([spec.listen_fd] if spec.listen_fd is not None else []),
-                start_new_session=True,
-            ))
+            sent = start(child_end.fileno(), log_fd)
         finally:
             os.close(log_fd)
         connection = Connection(parent_end.detach())
@@ -102,8 +117,12 @@ def _spawn_fresh(spec: WorkerSpec, env: dict[str, str], log: Path, started: list
         raise
     finally:
         child_end.close()
-    connection.send(spec)
-    return connection
+    return connection, sent
+
+
+def _note(log: Path, text: str) -> None:
+    with open(log, "a") as out:
+        print(f"flair_nbddp: {text}", file=out)
 
 
 class WorkerGroup:
