@@ -159,6 +159,11 @@ class _Server:
                     del self._workers[pid]
         return worker, detail
 
+    def wait_ready(self, timeout: float) -> None:
+        """Until it is ready or has exited, at most ``timeout`` s."""
+        with self._lock:
+            self._replied.wait_for(lambda: self.ready or self.gone, timeout)
+
     def close(self) -> None:
         """Let the server exit (its workers end with it)."""
         with contextlib.suppress(OSError):  # shutdown, not close alone: it wakes the reader and reaches the server
@@ -258,8 +263,7 @@ def prepare(timeout: float = 120.0) -> bool:
         server = _SERVERS.get(_key(env))
     if server is None:
         return False
-    with server._lock:
-        server._replied.wait_for(lambda: server.ready or server.gone, timeout)
+    server.wait_ready(timeout)
     return ready_server(env) is not None
 
 
