@@ -10,6 +10,7 @@ import hashlib
 import io
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,25 +45,46 @@ def set_generators(state: dict[str, Any]) -> None:
 
 
 def write(path: Path, checkpoint: dict[str, Any]) -> str:
-    """Write ``checkpoint`` to ``path`` whole or not at all; its sha256."""
+    """Write ``checkpoint`` to ``path`` whole or not at all; its sha256. ``torch.save`` writes into the file as it
+    pickles (no copy of the whole in memory), and the bytes are hashed on their way: both let go of the GIL, so a
+    training thread beside this one keeps its pace."""
     import torch
 
-    buffer = io.BytesIO()
-    torch.save(checkpoint, buffer)
-    return write_bytes(path, buffer.getvalue())
+    return _write_whole(path, lambda file: torch.save(checkpoint, file))
 
 
 def write_bytes(path: Path, data: bytes) -> str:
-    """Write a checkpoint's ``data`` to ``path`` whole or not at all (the previous file stays until the new one is
-    complete); its sha256."""
-    sha256 = hashlib.sha256(data).hexdigest()  # before the rename: the file and its record follow each other at once
+    """Write a checkpoint's ``data`` to ``path`` whole or not at all; its sha256."""
+    return _write_whole(path, lambda file: file.write(data))
+
+
+def _write_whole(path: Path, fill: Callable[[io.RawIOBase], Any]) -> str:
+    """Have ``fill`` write a file beside ``path``, flush it to disk and rename it over ``path`` (the previous file
+    stays until the new one is complete); the sha256 of what ``fill`` wrote."""
     partial = path.with_name(f".{path.name}.partial")
-    with open(partial, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
+    with open(partial, "wb") as raw:
+        file = _HashingFile(raw)
+        fill(file)
+        raw.flush()
+        os.fsync(raw.fileno())
+    sha256 = file.sha256.hexdigest()  # before the rename: the file and its record follow each other at once
     os.replace(partial, path)
     return sha256
+
+
+class _HashingFile(io.RawIOBase):
+    """A file written through, hashing what is written."""
+
+    def __init__(self, file: io.BufferedWriter) -> None:
+        super().__init__()
+        self._file, self.sha256 = file, hashlib.sha256()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.sha256.update(data)
+        return self._file.write(data)
 
 
 def read(path: Path, sha256: str | None = None) -> dict[str, Any]:

@@ -24,8 +24,8 @@ the checkpoint's. flair decides "best
 so far" from 0 again in a resumed training; the plugin keeps the checkpoint's best and lets flair overwrite
 ``best-model.pt`` only with a better model, as the uninterrupted training would have.
 
-Training goes on while a checkpoint is written: the states are copied where they are (on a GPU, in its memory) and
-a thread writes the file; the next checkpoint, and the end of training, wait for it.
+Training goes on while a checkpoint is written: the states are copied (from a GPU, into pinned host memory, queued
+on the training's stream) and a thread writes the file; the next checkpoint, and the end of training, wait for it.
 
 Nothing here draws a random number: a training with checkpoints is the same training.
 """
@@ -200,7 +200,7 @@ class Checkpointing(TrainerPlugin):
         if self._rank != 0:
             return
         self.finish_writing()  # the previous file written before this one's copies are made (one extra copy at most)
-        checkpoint = _snapshot({
+        checkpoint, copied = _snapshot({
             "format": FORMAT,
             "epoch": epoch,
             "batch": batch,
@@ -213,12 +213,14 @@ class Checkpointing(TrainerPlugin):
             "positions": [rank["position"] for rank in ranks] if position else None,
             "stored_embeddings": [rank["stored"] for rank in ranks] if any(rank["stored"] for rank in ranks) else None,
         })  # fmt: skip
-        self._writer = threading.Thread(target=self._write_file, args=(epoch, batch, checkpoint), daemon=True,
-                                        name="flair_nbddp-checkpoint")  # fmt: skip
+        self._writer = threading.Thread(target=self._write_file, args=(epoch, batch, checkpoint, copied),
+                                        daemon=True, name="flair_nbddp-checkpoint")  # fmt: skip
         self._writer.start()
 
-    def _write_file(self, epoch: int, batch: int, checkpoint: dict[str, Any]) -> None:
+    def _write_file(self, epoch: int, batch: int, checkpoint: dict[str, Any], copied: list[Any]) -> None:
         try:
+            for event in copied:
+                event.synchronize()
             self._saved(epoch, batch, self._path, write(self._path, checkpoint))
         except BaseException as error:  # noqa: BLE001 - raised in the training's thread by finish_writing
             self._write_error = error
@@ -316,16 +318,33 @@ def _loader_leaving_out(loader: type, batches: int) -> type:
     return ResumedEpochLoader
 
 
-def _snapshot(value: Any) -> Any:
-    """``value`` with every tensor copied where it is (training changes the originals in place): on a GPU a copy
-    in its own memory takes a millisecond, and the writer thread's ``torch.save`` brings it to the host."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, dict):
-        return {key: _snapshot(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_snapshot(item) for item in value)
-    return value
+def _snapshot(value: Any) -> tuple[Any, list[Any]]:
+    """``value`` with every tensor copied (training changes the originals in place), and the CUDA events after
+    which the copies are whole. A tensor on a GPU is copied into pinned host memory, queued on its device's stream
+    without waiting: the training's next kernels, queued after it, cannot change it first, the training's thread
+    goes on at once, and neither a copy of the states in the GPU's memory nor the writer's ``torch.save`` holds up
+    that stream later. Other tensors are cloned where they are."""
+    devices: set[torch.device] = set()
+
+    def copy(item: Any) -> Any:
+        if isinstance(item, torch.Tensor):
+            if not item.is_cuda:
+                return item.detach().clone()
+            devices.add(item.device)
+            return torch.empty_like(item, device="cpu", pin_memory=True).copy_(item.detach(), non_blocking=True)
+        if isinstance(item, dict):
+            return {key: copy(entry) for key, entry in item.items()}
+        if isinstance(item, (list, tuple)):
+            return type(item)(copy(entry) for entry in item)
+        return item
+
+    copied = copy(value)
+    events = []
+    for device in devices:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        events.append(event)
+    return copied, events
 
 
 def _scheduler(value: Any) -> bool:
