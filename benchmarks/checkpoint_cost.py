@@ -2,13 +2,19 @@
 
     python benchmarks/checkpoint_cost.py --device cpu --size tiny --docs 800
     python benchmarks/checkpoint_cost.py --device cuda --size distilbert --docs 4000
+    python benchmarks/checkpoint_cost.py --writer-stalls 800
 
 One process fine-tunes the throughput benchmark's job (a ``TextClassifier`` on IMDB-length generated reviews,
 batch 32) with the kit's checkpoint plugin, as every rank of a run has it, and times per epoch: the training
 (first batch to last), the part of each checkpoint the training waits for (gathering the generators, copying the
 states where they are, waiting for the previous file), and the writer thread's ``torch.save`` and rename, which
 overlap the next epoch. The cost to training is the first part over the epoch; the write must take less than an
-epoch to stay out of the way. Prints one JSON line.
+epoch to stay out of the way.
+
+``--writer-stalls MB`` measures instead what the writer takes from the training's thread on the host: it writes a
+checkpoint of MB megabytes (100 float tensors, about DistilBERT's model and Adam states at 800) with the kit's
+writer while another Python thread counts to 1,000 over and over, and sums the gaps between its rounds longer
+than 4 ms (the GIL held by the writer). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ def measure(args) -> dict:
             epochs.append({"epoch": epoch})
 
     writes: dict[int, float] = {}
-    plugin = Checkpointing(workdir / NAME, 0, lambda value: [value], lambda epoch, path, sha: None)
+    plugin = Checkpointing(workdir / NAME, 0, lambda value: [value], lambda *_: None)
     write, write_file = plugin._write, plugin._write_file
 
     def timed_write(epoch):
@@ -68,9 +74,9 @@ def measure(args) -> dict:
         write(epoch)
         epochs[epoch - 1]["checkpoint_wait_s"] = time.perf_counter() - started  # rows are epochs 1, 2...
 
-    def timed_write_file(epoch, checkpoint):
+    def timed_write_file(epoch, *rest):
         started = time.perf_counter()
-        write_file(epoch, checkpoint)
+        write_file(epoch, *rest)
         writes[epoch] = time.perf_counter() - started
 
     plugin._write, plugin._write_file = timed_write, timed_write_file
@@ -92,6 +98,41 @@ def measure(args) -> dict:
     }  # fmt: skip
 
 
+def writer_stalls(megabytes: int, workdir: Path) -> dict:
+    """The gaps a counting Python thread sees while the kit's writer writes ``megabytes`` of tensors."""
+    import threading
+
+    import torch
+
+    from flair_nbddp.worker.checkpoint_files import write
+
+    checkpoint = {f"t{index}": torch.randn(megabytes * 2**20 // 400) for index in range(100)}
+    done, gaps = threading.Event(), []
+
+    def count() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            total = 0
+            for step in range(1000):
+                total += step
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    time.sleep(0.2)
+    started = time.perf_counter()
+    workdir.mkdir(parents=True, exist_ok=True)
+    write(workdir / "stalls.pt", checkpoint)
+    write_s = time.perf_counter() - started
+    done.set()
+    counter.join()
+    stalls = [gap for gap in gaps if gap > 0.004]
+    return {"megabytes": megabytes, "write_s": write_s, "stalls_over_4ms": len(stalls), "stalled_s": sum(stalls),
+            "longest_gap_s": max(gaps)}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
@@ -100,10 +141,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workdir", default="/tmp/flair_nbddp-checkpoint-cost")
+    parser.add_argument("--writer-stalls", type=int, default=None, metavar="MB",
+                        help="only the writer's stalls of another thread, for a checkpoint of MB megabytes")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    figures = measure(args)
+    if args.writer_stalls:
+        figures = writer_stalls(args.writer_stalls, Path(args.workdir))
+    else:
+        figures = measure(args)
     print(json.dumps(figures))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
