@@ -81,12 +81,6 @@ def pytest_collection_modifyitems(config, items):
     notebooks = [item for item in items if item.nodeid.startswith(NOTEBOOK_TESTS)]
     binder = [item for item in items if item.nodeid == BINDER_TEST]
     items[:] = [item for item in items if item not in notebooks and item not in binder] + notebooks + binder
-    if notebooks or binder:
-        import torch
-
-        # what trains in this process computes on one thread: with a background job on a core, a second OpenMP
-        # thread is descheduled at every parallel region's barrier (tests training here ran 10-20 times slower)
-        torch.set_num_threads(1)
     if notebooks:
         import notebook_runs
 
