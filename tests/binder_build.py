@@ -2,9 +2,8 @@
 
 The build (a fresh virtual environment, ``pip install -r binder/requirements.txt``, the stand-ins for Binder's
 base image, ``binder/postBuild``) takes about a minute of mostly one core, and the suite's other tests leave part
-of the second core idle. Then the quickstart notebook runs in it with nbval, at a lower priority than the other
-tests (as the suite's other notebooks do). ``conftest.py`` starts it once the tests are collected, if the Binder
-test is among them, and runs that test last; the test waits for the build and its quickstart here and checks them. See
+of the second core idle. ``conftest.py`` starts it once the tests are collected, if the Binder test is among
+them, and runs that test last; the test waits for the build here and then runs the quickstart in it. See
 ``tests/test_binder.py`` for what is built and how it differs from Binder.
 """
 
@@ -20,7 +19,6 @@ import time
 from pathlib import Path
 
 import psutil
-from notebook_runs import BACKGROUND_PRIORITY, BINDER_NOTEBOOK, Nbval, NotebookRun
 
 ROOT = Path(__file__).resolve().parent.parent
 BINDER = ROOT / "binder"
@@ -65,9 +63,6 @@ class BinderBuild:
         self.env.update(PATH=f"{self.venv / 'bin'}{os.pathsep}{self.env['PATH']}", VIRTUAL_ENV=str(self.venv))
         self.env["FLAIR_NBDDP_RUNS"] = str(home / "runs")  # the run directories stay with the build's files
         self.timings: dict[str, float] = {}
-        self.quickstart_path = self.repo / "notebooks" / BINDER_NOTEBOOK
-        self.quickstart: Nbval | None = None  # what nbval said of the quickstart, once the build has run it
-        self._notebook: NotebookRun | None = None
         self._base_python = python
         self._error: BaseException | None = None
         self._step: subprocess.Popen | None = None
@@ -90,15 +85,14 @@ class BinderBuild:
         return self
 
     def processes(self) -> set[int]:
-        """The processes the build runs now (a step and what it started, or the quickstart's nbval and what it
-        started): nobody's leftovers."""
-        step, found = self._step, self._notebook.processes() if self._notebook else set()
+        """The processes the build runs now (a step and what it started): nobody's leftovers."""
+        step = self._step
         if step is None or step.poll() is not None:
-            return found
+            return set()
         try:
-            return {step.pid, *(child.pid for child in psutil.Process(step.pid).children(recursive=True))} | found
+            return {step.pid, *(child.pid for child in psutil.Process(step.pid).children(recursive=True))}
         except psutil.NoSuchProcess:
-            return found
+            return set()
 
     def _build(self) -> None:
         try:
@@ -112,13 +106,6 @@ class BinderBuild:
             self._run("requirements", [*pip, "-r", str(requirements)], self.repo, 1500)
             self._run("base stand-in", [*pip, *STAND_IN_FOR_BINDER_BASE], self.repo, 600)
             self._run("postBuild", ["binder/postBuild"], self.repo, 600)
-            # the quickstart with the suite's seed for its checks, its server started by Binder's start script
-            self._notebook = NotebookRun(
-                [self.quickstart_path], self.home / "notebook", {**self.env, "FLAIR_NBDDP_SEED": "0"}, self.python,
-                (*BACKGROUND_PRIORITY, str(self.repo / "binder/start")),
-            ).start()  # fmt: skip
-            self.quickstart = self._notebook.wait()
-            self.timings["notebook"] = self.quickstart.seconds
         except BaseException as error:  # noqa: BLE001 - handed to the test, which raises it
             self._error = error
 

@@ -37,7 +37,6 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 SLOW_TIERS = ("process", "kernel", "browser", "cluster")
 BINDER_TEST = "tests/test_binder.py::test_binder_environment_runs_the_quickstart"
-NOTEBOOK_TESTS = "tests/test_notebooks.py::test_notebook_runs_and_its_checked_outputs_hold"
 TIER_ENV = "FLAIR_NBDDP_TEST_TIER"
 
 
@@ -74,25 +73,16 @@ def lab_server(tmp_path_factory):
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected
 def pytest_collection_modifyitems(config, items):
-    """Two slow things run in the background while the other tests run, and their tests last: the notebooks under
-    nbval (tests/notebook_runs.py), then the Binder test, its environment built meanwhile (tests/binder_build.py)."""
-    if config.option.collectonly:
-        return
-    notebooks = [item for item in items if item.nodeid.startswith(NOTEBOOK_TESTS)]
+    """The Binder test runs last, its environment built in the background meanwhile (tests/binder_build.py)."""
     binder = [item for item in items if item.nodeid == BINDER_TEST]
-    items[:] = [item for item in items if item not in notebooks and item not in binder] + notebooks + binder
-    if notebooks:
-        import notebook_runs
+    if not binder or config.option.collectonly:
+        return
+    items[:] = [item for item in items if item.nodeid != BINDER_TEST] + binder
+    import binder_build
 
-        workdir = Path(tempfile.mkdtemp(prefix="flair_nbddp-notebooks-"))
-        config.add_cleanup(lambda: shutil.rmtree(workdir, ignore_errors=True))
-        notebook_runs.start_suite_notebooks(workdir)
-    if binder:
-        import binder_build
-
-        home = Path(tempfile.mkdtemp(prefix="flair_nbddp-binder-"))
-        config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
-        binder_build.start(home)
+    home = Path(tempfile.mkdtemp(prefix="flair_nbddp-binder-"))
+    config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
+    binder_build.start(home)
 
 
 _WARM_POOLS = []  # the session's warm pool, once a test asked for it: its workers are nobody's leftovers
@@ -116,20 +106,18 @@ def warm_pool():
 def no_leftover_processes():
     """Fails the test if it leaves a child process of this one running (one that was there before it started,
     such as the test run's JupyterLab; nor is a worker of the session's warm pool, a fork server that CPU workers come
-    from, a step of the Binder build, or the notebooks' nbval and what it started)."""
+    from, or a step of the Binder build)."""
     import binder_build
-    import notebook_runs
 
     from flair_nbddp import forkserver
 
     before = {child.pid for child in psutil.Process().children(recursive=True)}
     yield
-    children = psutil.Process().children(recursive=True)  # before the exemptions: they then hold every one started
-    build, notebooks = binder_build.current(), notebook_runs.suite_notebooks()
-    others = before | {pid for pool in _WARM_POOLS for pid in pool.pids} | forkserver.server_pids()
-    others |= (build.processes() if build else set()) | (notebooks.processes() if notebooks else set())
+    build = binder_build.current()
+    others = before | {pid for pool in _WARM_POOLS for pid in pool.pids} | (build.processes() if build else set())
+    others |= forkserver.server_pids()
     left = {}
-    for child in children:
+    for child in psutil.Process().children(recursive=True):
         if child.pid not in others:
             with contextlib.suppress(psutil.NoSuchProcess):  # one may end while it is looked at
                 if child.status() != psutil.STATUS_ZOMBIE:

@@ -1,5 +1,5 @@
 """Notebooks run by nbval in a process of their own, with each kernel's memory watched (tests/test_notebooks.py,
-tests/test_binder.py); the suite's notebooks run in the background while the other tests run.
+tests/test_binder.py).
 
 Example::
 
@@ -11,7 +11,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import subprocess
 import sys
@@ -74,93 +73,24 @@ def run_notebooks(
     """Run ``notebooks`` with one nbval process of ``python`` (started through ``launcher``, e.g. Binder's
     ``start`` script), each in a directory of its own under ``workdir`` (nbval starts each one's kernel there),
     watching the memory of their kernels and workers."""
-    return NotebookRun(notebooks, workdir, env, python, launcher).start().wait()
-
-
-class NotebookRun:
-    """:func:`run_notebooks` in a thread: ``start()`` it, do something else, ``wait()`` for its :class:`Nbval`."""
-
-    def __init__(
-        self, notebooks: list[Path], workdir: Path, env: dict[str, str], python: str = sys.executable,
-        launcher: tuple = (),
-    ) -> None:  # fmt: skip
-        names = []
-        for notebook in notebooks:
-            (workdir / notebook.stem).mkdir(parents=True)
-            shutil.copy(notebook, workdir / notebook.stem / notebook.name)
-            names.append(f"{notebook.stem}/{notebook.name}")
-        self._report = workdir / "nbval.xml"
-        self._command = [
-            *launcher, python, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
-            f"--nbval-cell-timeout={CELL_TIMEOUT_SECONDS}", "-p", "no:cacheprovider", "-q", "-rf",
-            f"--junitxml={self._report}", *names,
-        ]  # fmt: skip
-        self._workdir, self._env, self._timeout = workdir, env, NOTEBOOK_TIMEOUT_SECONDS * len(notebooks)
-        self._nbval: subprocess.Popen | None = None
-        self._result: Nbval | BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="notebooks", daemon=True)
-
-    def start(self) -> NotebookRun:
-        self._thread.start()
-        return self
-
-    def wait(self) -> Nbval:
-        """What nbval said, once it has ended (raises what stopped it)."""
-        self._thread.join()
-        if isinstance(self._result, BaseException):
-            raise self._result
-        return self._result
-
-    def processes(self) -> set[int]:
-        """nbval's process and what it started (kernels, their workers), while it runs: nobody's leftovers."""
-        nbval = self._nbval
-        if nbval is None or nbval.poll() is not None:
-            return set()
-        try:
-            return {nbval.pid, *(child.pid for child in psutil.Process(nbval.pid).children(recursive=True))}
-        except psutil.NoSuchProcess:
-            return set()
-
-    def _run(self) -> None:
-        try:
-            started = time.monotonic()
-            with subprocess.Popen(
-                self._command, cwd=self._workdir, env=self._env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True,
-            ) as self._nbval, KernelMemory(self._nbval.pid) as memory:  # fmt: skip
-                output, _ = self._nbval.communicate(timeout=self._timeout)
-            cells = _cells_by_notebook(self._report) if self._report.exists() else {}
-            self._result = Nbval(output, time.monotonic() - started, memory.peaks, cells)
-        except BaseException as error:  # noqa: BLE001 - raised by wait()
-            self._result = error
-
-
-NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
-# the suite's notebooks run offline on 2 CPU processes, with a fixed seed: the checked predictions come from short
-# trainings of a tiny model (they held for seeds 0-4)
-SUITE_ENVIRONMENT = {
-    "FLAIR_NBDDP_DEVICE": "cpu", "FLAIR_NBDDP_PROCESSES": "2", "FLAIR_NBDDP_SEED": "0", "HF_HUB_OFFLINE": "1",
-}
-BACKGROUND_PRIORITY = ("nice", "-n", "10")  # the suite's foreground tests come first (their kernels and workers too)
-_BACKGROUND: list[NotebookRun] = []
-
-
-def start_suite_notebooks(workdir: Path) -> NotebookRun:
-    """Every notebook but the quickstart (tests/test_binder.py runs that one in its Binder-like environment), in
-    one nbval process started now; conftest.py starts it as the tests are collected, so that it runs while the
-    others do, at a lower priority: it takes the CPU time they leave, and what is left of it runs after them."""
-    notebooks = [path for path in sorted(NOTEBOOKS_DIR.glob("*.ipynb")) if path.name != BINDER_NOTEBOOK]
-    # their run directories and run ledger of their own: the tests running meanwhile read the suite's
-    env = {**os.environ, **SUITE_ENVIRONMENT, "FLAIR_NBDDP_RUNS": str(workdir / "runs"),
-           "FLAIR_NBDDP_HOME": str(workdir / "home")}  # fmt: skip
-    run = NotebookRun(notebooks, workdir, env, launcher=BACKGROUND_PRIORITY).start()
-    _BACKGROUND.append(run)
-    return run
-
-
-def suite_notebooks() -> NotebookRun | None:
-    """The suite's notebooks, if they were started."""
-    return _BACKGROUND[-1] if _BACKGROUND else None
+    names = []
+    for notebook in notebooks:
+        (workdir / notebook.stem).mkdir(parents=True)
+        shutil.copy(notebook, workdir / notebook.stem / notebook.name)
+        names.append(f"{notebook.stem}/{notebook.name}")
+    report = workdir / "nbval.xml"
+    command = [
+        *launcher, python, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
+        f"--nbval-cell-timeout={CELL_TIMEOUT_SECONDS}", "-p", "no:cacheprovider", "-q", "-rf", f"--junitxml={report}",
+        *names,
+    ]  # fmt: skip
+    started = time.monotonic()
+    with subprocess.Popen(
+        command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as nbval, KernelMemory(nbval.pid) as memory:
+        output, _ = nbval.communicate(timeout=NOTEBOOK_TIMEOUT_SECONDS * len(notebooks))
+    cells = _cells_by_notebook(report) if report.exists() else {}
+    return Nbval(output, time.monotonic() - started, memory.peaks, cells)
 
 
 @dataclass

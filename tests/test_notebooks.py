@@ -1,7 +1,7 @@
 """The notebooks in ``notebooks/`` run top to bottom, offline, on 2 CPU processes, and say what they said.
 
 One ``python -m pytest --nbval-lax`` runs them all (a fresh kernel of this interpreter for each, started by nbval),
-in the background from the moment the tests are collected (``conftest.py``), each a copy in a temporary directory of its own so that the models and checkpoints it writes (``work/``) and its
+each a copy in a temporary directory of its own so that the models and checkpoints it writes (``work/``) and its
 run directories stay out of the repository; the quickstart runs in ``tests/test_binder.py``'s Binder-like
 environment instead, through ``notebook_runs.run_notebooks`` too. ``--nbval-lax`` runs every cell and compares the
 output only of the cells tagged ``nbval-check-output``: statuses, predicted labels, error class names, never
@@ -9,21 +9,28 @@ timings or losses. Those cells keep their expected output in the committed noteb
 committed without output.
 
 To refresh a notebook's checked outputs after an intended change: execute it (e.g. ``jupyter nbconvert --execute
---to notebook --inplace`` with ``notebook_runs.SUITE_ENVIRONMENT``), then clear every output but the tagged cells' and drop
+--to notebook --inplace`` with the environment below), then clear every output but the tagged cells' and drop
 ``metadata.widgets``; ``test_notebooks_are_committed_clean`` says what is left to clear.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-import notebook_runs
 import pytest
-from notebook_runs import BINDER_NOTEBOOK, NOTEBOOKS_DIR, Nbval
+from notebook_runs import BINDER_NOTEBOOK, Nbval, run_notebooks
 
+NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 CHECK_TAG = "nbval-check-output"
+# a fixed seed: the checked predictions come from short trainings of a tiny model (they held for seeds 0-4)
+ENVIRONMENT = {
+    "FLAIR_NBDDP_DEVICE": "cpu", "FLAIR_NBDDP_PROCESSES": "2", "FLAIR_NBDDP_SEED": "0", "HF_HUB_OFFLINE": "1",
+}
+
+
 
 
 def _code_cells(path: Path) -> list[dict]:
@@ -63,11 +70,11 @@ def test_notebooks_have_the_switch_to_the_real_thing(notebook):
 
 @pytest.fixture(scope="module")
 def nbval(tmp_path_factory) -> Nbval:
-    """Every notebook but the quickstart, run by one nbval process: in the background since the tests were collected
-    (conftest.py), or started here (the quickstart runs in the Binder-like environment of tests/test_binder.py,
-    which holds its memory to a Binder session's)."""
-    run = notebook_runs.suite_notebooks() or notebook_runs.start_suite_notebooks(tmp_path_factory.mktemp("notebooks"))
-    return run.wait()
+    """Every notebook but the quickstart, run by one nbval process (the quickstart runs in the Binder-like
+    environment of tests/test_binder.py, which holds its memory to a Binder session's)."""
+    workdir = tmp_path_factory.mktemp("notebooks")
+    env = {**os.environ, **ENVIRONMENT, "FLAIR_NBDDP_RUNS": str(workdir / "runs")}
+    return run_notebooks([path for path in NOTEBOOKS if path.name != BINDER_NOTEBOOK], workdir, env)
 
 
 @pytest.mark.kernel
