@@ -2,9 +2,9 @@
 
 A worker started as a fresh interpreter spends about 6 CPU-seconds importing torch, transformers and flair before
 its first job: on a 2-core machine, a CPU rehearsal's two ranks wait that long at every cold launch. On Linux, the
-first CPU launch (``device="cpu"``) of a notebook starts its ranks that way and, beside them, a server process that
-imports torch and flair once; once it is ready, later CPU ranks are forked from it in a fraction of a second. A
-launch never waits for the server: until it is ready, ranks start afresh.
+first CPU launch (``device="cpu"``) of a notebook starts a server process that imports torch and flair once, and
+forks that launch's ranks as soon as it is ready (:mod:`~flair_nbddp.pending_worker`: the launch call does not wait
+for it); later CPU ranks are forked from it in a fraction of a second.
 
 A forked worker runs the same program as a fresh one (:func:`flair_nbddp.worker.main.main`): in a session of its
 own, with the parent's channel, its log as its output, the rank's environment (``os.environ`` as the parent has it,
@@ -20,7 +20,8 @@ GPU ranks are always fresh interpreters: a worker must meet CUDA for the first t
 
 Example::
 
-    server = ready_server(env)         # None until one is ready (it is started then, in the background)
+    server = server_for(env)           # started in the background if there is none; None if it could not start
+    server.wait_ready(timeout=120)
     worker, numbers = server.fork(env | rank_env, os.getcwd(), {"channel": fd, "log": log_fd})
     worker.wait(timeout=5)             # Popen's interface: pid, poll, wait, send_signal, returncode
 """
@@ -222,10 +223,10 @@ def _key(env: dict[str, str]) -> frozenset:
     )
 
 
-def ready_server(env: dict[str, str]) -> _Server | None:
-    """This process's server for ``env`` (the parent's environment, as workers get it) if it is ready; else None,
-    having started one in the background if there is none and it may (one that exited before it was ready is not
-    started again). Servers of other environments are let go once they have no worker left."""
+def server_for(env: dict[str, str]) -> _Server | None:
+    """This process's server for ``env`` (the parent's environment, as workers get it), ready or still importing;
+    one is started in the background if there is none. None if that environment's server exited before it was
+    ready: it is not started again. Servers of other environments are let go once they have no worker left."""
     key = _key(env)
     with _SERVERS_LOCK:
         for other, server in list(_SERVERS.items()):
@@ -240,7 +241,8 @@ def ready_server(env: dict[str, str]) -> _Server | None:
                 _SERVERS[key] = _Server({**env, "PYTHONUNBUFFERED": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"})
             except OSError:  # e.g. no process could be started: the ranks start afresh, or fail saying why
                 _FAILED.add(key)
-        return server if server is not None and server.ready else None
+            server = _SERVERS.get(key)
+        return server
 
 
 def failed(env: dict[str, str]) -> bool:
@@ -257,14 +259,11 @@ def prepare(timeout: float = 120.0) -> bool:
 
         forkserver.prepare()  # in a set-up cell, before the first CPU launch
     """
-    env = worker_environment()
-    ready_server(env)
-    with _SERVERS_LOCK:
-        server = _SERVERS.get(_key(env))
+    server = server_for(worker_environment())
     if server is None:
         return False
     server.wait_ready(timeout)
-    return ready_server(env) is not None
+    return server.ready and not server.gone
 
 
 def server_pids(ready: bool = False) -> set[int]:
@@ -376,7 +375,7 @@ def _become_worker(env: dict[str, str], cwd: str, fds: dict[str, int], settled: 
         import torch
 
         torch.set_num_threads(int(threads))
-    sys.argv = ["-c", str(fds["channel"])]
+    sys.argv = ["-c", *(str(fds[name]) for name in ("channel", "listen") if name in fds)]  # as a fresh worker's
     from .worker.main import main
 
     main()

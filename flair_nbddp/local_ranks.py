@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import socket
@@ -24,7 +23,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,7 @@ from typing import Any
 from . import forkserver
 from .devices import PACKAGE_ROOT, DevicePlan, rendezvous_socket, worker_environment
 from .errors import describe_exit
-from .forkserver import ForkedWorker
+from .pending_worker import PendingWorker, signal_group
 from .rundir import RunDir
 from .wire.events import EXIT, Job, WorkerSpec
 
@@ -41,83 +39,70 @@ RENDEZVOUS_TIMEOUT_SECONDS = 600
 # not `python -m`, which puts the working directory first: a folder named flair_nbddp there (a checkout of
 # another version) would give the workers another kit than the notebook's
 _WORKER_COMMAND = f"import sys; sys.path.insert(0, {PACKAGE_ROOT!r}); from flair_nbddp.worker.main import main; main()"
+_ARGUMENTS = ("channel", "listen")  # the descriptors a worker's arguments name: its channel, rank 0's store socket
 
 
 def spawn_worker(
-    spec: WorkerSpec, env: dict[str, str | None], log: Path, started: list[subprocess.Popen | ForkedWorker]
+    spec: WorkerSpec, env: dict[str, str | None], log: Path, started: list[Any], listen: int | None = None
 ) -> Connection:
     """Start one worker process for ``spec`` in a session of its own, with ``env`` over this process's
     environment (a None value unsets that variable) and its output appended to ``log``; append the process to
     ``started`` at once, send it ``spec``, and return the parent's end of the private socket pair it listens on.
-    Rank 0 inherits ``spec.listen_fd``, its store's socket.
+    Rank 0 inherits ``listen``, its store's socket.
 
-    A CPU rank on Linux is forked from :mod:`~flair_nbddp.forkserver`'s server, which imported torch and flair
-    already, once one is ready (until then, and for any other rank, a fresh interpreter).
+    A CPU rank on Linux is forked from :mod:`~flair_nbddp.forkserver`'s server, which imports torch and flair once:
+    a :class:`~flair_nbddp.pending_worker.PendingWorker`, forked as soon as the server is ready, without waiting
+    for it here. Other ranks, and those whose server could not start, are fresh interpreters.
 
     Every descriptor and process is accounted for, even if an interrupt lands between two lines: an
     interrupted spawn leaves no channel open, and a process that started is in ``started`` for the caller to end.
     """
     base = worker_environment()
     full = {name: value for name, value in {**base, **env}.items() if value is not None}
+    server = None
     if forkserver.available(spec.device):
         # what the rank unsets, its server has never had (glibc and BLAS read some at a process's start)
-        base = {name: value for name, value in base.items() if env.get(name, "") is not None}
-        server = forkserver.ready_server(base)
-        if server is not None:
-
-            def fork(channel: int, log_fd: int) -> WorkerSpec:
-                fds = {"channel": channel, "log": log_fd}
-                if spec.listen_fd is not None:
-                    fds["listen"] = spec.listen_fd
-                worker, numbers = server.fork(full, os.getcwd(), fds)
-                started.append(worker)
-                return dataclasses.replace(spec, listen_fd=numbers.get("listen"))  # its number in the worker
-
-            try:
-                connection, sent = _open_channel(log, fork)
-            except OSError as error:
-                _note(log, f"the fork server could not start this worker ({error}): it starts afresh")
-            else:
-                connection.send(sent)
-                return connection
-        elif forkserver.failed(base):
+        server = forkserver.server_for({name: value for name, value in base.items() if env.get(name, "") is not None})
+        if server is None:
             _note(log, "the fork server exited before it was ready: this worker starts afresh, importing torch and flair")
+    cwd = os.getcwd()
 
-    def fresh(channel: int, log_fd: int) -> WorkerSpec:
-        started.append(subprocess.Popen(
-            [sys.executable, "-c", _WORKER_COMMAND, str(channel)],
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=subprocess.STDOUT,
-            env=full,
-            pass_fds=[channel] + ([spec.listen_fd] if spec.listen_fd is not None else []),
+    def fresh(fds: dict[str, int]) -> subprocess.Popen:
+        arguments = [fds[name] for name in _ARGUMENTS if name in fds]
+        return subprocess.Popen(
+            [sys.executable, "-c", _WORKER_COMMAND, *map(str, arguments)], stdin=subprocess.DEVNULL,
+            stdout=fds["log"], stderr=subprocess.STDOUT, env=full, cwd=cwd, pass_fds=arguments,
             start_new_session=True,
-        ))
-        return spec
+        )  # fmt: skip
 
-    connection, sent = _open_channel(log, fresh)
-    connection.send(sent)
-    return connection
-
-
-def _open_channel(log: Path, start: Callable[[int, int], WorkerSpec]) -> tuple[Connection, WorkerSpec]:
-    """A worker's private socket pair and its log (appended to), for ``start(channel_fd, log_fd)``, which starts the
-    worker process and returns the spec to send it; the parent's end of the channel and that spec. The child's end
-    and the log are closed here once the worker has them, and nothing stays open if anything fails."""
     parent_end, child_end = socket.socketpair()
+    fds: dict[str, int] = {}
     try:
-        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            sent = start(child_end.fileno(), log_fd)
-        finally:
-            os.close(log_fd)
+        fds["channel"] = child_end.detach()
+        fds["log"] = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        if listen is not None:
+            fds["listen"] = os.dup(listen)
         connection = Connection(parent_end.detach())
+        if server is None:
+            started.append(fresh(fds))
+        else:
+            own, fds = fds, {}  # the pending worker closes them once its process has them
+            started.append(PendingWorker(
+                server, fork=lambda: server.fork(full, cwd, own)[0], fresh=lambda: fresh(own),
+                note=lambda text: _note(log, text), release=lambda: _close(own),
+            ))  # fmt: skip
     except BaseException:
         parent_end.close()  # a no-op once its descriptor went to the connection
         raise
     finally:
-        child_end.close()
-    return connection, sent
+        _close(fds)
+    connection.send(spec)
+    return connection
+
+
+def _close(fds: dict[str, int]) -> None:
+    for fd in fds.values():
+        os.close(fd)
 
 
 def _note(log: Path, text: str) -> None:
@@ -130,7 +115,7 @@ class WorkerGroup:
 
     def __init__(self, plan: DevicePlan, home: RunDir) -> None:
         self.plan, self.home = plan, home
-        self.processes: list[subprocess.Popen] = []
+        self.processes: list[Any] = []  # Popen, ForkedWorker or PendingWorker
         self.connections: list[Connection] = []
         self._terminate_lock = threading.Lock()
         self.terminating = False
@@ -155,14 +140,14 @@ class WorkerGroup:
             device=self.plan.device_for(rank),
             backend=self.plan.backend,
             port=port,
-            listen_fd=listener.fileno() if rank == 0 else None,
             rendezvous_timeout=RENDEZVOUS_TIMEOUT_SECONDS,
             stacks=str(self.home.stacks(rank)),
             sys_path=tuple(entry for entry in sys.path if entry),
             preload=preload,
         )
         env = self.plan.rank_environment(rank, port)
-        self.connections.append(spawn_worker(spec, env, self.home.log(rank), self.processes))
+        listen = listener.fileno() if rank == 0 else None
+        self.connections.append(spawn_worker(spec, env, self.home.log(rank), self.processes, listen))
 
     # -- talking ----------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -202,18 +187,13 @@ class WorkerGroup:
         return stacks
 
     # -- ending -----------------------------------------------------------------------------------
-    @staticmethod
-    def _kill_group(process: subprocess.Popen, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, sig)
-
     def terminate(self, grace: float = TERMINATE_GRACE_SECONDS) -> None:
         """SIGTERM every worker's process group, then SIGKILL what is left after ``grace`` seconds."""
         with self._terminate_lock:
             self.terminating = True
             alive = [p for p in self.processes if p.poll() is None]
             for process in alive:
-                self._kill_group(process, signal.SIGTERM)
+                signal_group(process, signal.SIGTERM)
             end = time.monotonic() + grace
             try:
                 for process in alive:
@@ -222,7 +202,7 @@ class WorkerGroup:
             finally:  # an interrupt while waiting must not spare anyone
                 for process in self.processes:
                     # the whole group: a worker's own children (e.g. data loader processes) go too
-                    self._kill_group(process, signal.SIGKILL)
+                    signal_group(process, signal.SIGKILL)
                 for process in self.processes:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         process.wait(timeout=grace)
@@ -232,6 +212,9 @@ class WorkerGroup:
         close the channels (the group is done), even if an interrupt comes meanwhile."""
         try:
             self.send_all(EXIT)
+            for process in self.processes:
+                if isinstance(process, PendingWorker):
+                    process.cancel()  # one still waiting for its fork server never reads the EXIT: it never starts
             end = time.monotonic() + grace
             for process in self.processes:
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -250,4 +233,6 @@ class WorkerGroup:
 
     @property
     def pids(self) -> list[int]:
-        return [process.pid for process in self.processes]
+        """The ranks' process ids (a rank whose fork server is still importing is waited for; one that never
+        started has none)."""
+        return [pid for process in self.processes if (pid := process.pid) is not None]

@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -12,6 +13,7 @@ from conftest import wait_for
 from flair_nbddp import WorkerError, forkserver, launch
 from flair_nbddp.devices import resolve_devices
 from flair_nbddp.local_ranks import WorkerGroup
+from flair_nbddp.pending_worker import PendingWorker
 from flair_nbddp.rundir import RunDir
 
 pytestmark = [pytest.mark.process, pytest.mark.usefixtures("no_leftover_processes")]
@@ -39,24 +41,27 @@ def _who():
     }  # fmt: skip
 
 
-def test_the_first_launch_starts_afresh_and_later_ones_fork_as_a_fresh_rank_would_be(monkeypatch, tmp_path):
+def test_the_first_launch_forks_from_the_server_it_starts_as_a_fresh_rank_would_be(monkeypatch, tmp_path):
     monkeypatch.setenv("FORKSERVER_TEST", "new")  # an environment no server has yet
+    group = WorkerGroup(resolve_devices("cpu", 2), RunDir.create())
+    began = time.monotonic()
+    group.start()
+    try:  # the launch call goes on while the server imports torch and flair; its ranks wait for it
+        assert time.monotonic() - began < 2.0 and group.dead_ranks() == {}
+        assert all(isinstance(process, PendingWorker) for process in group.processes)
+    finally:
+        group.close()
     first = launch(_who, device="cpu", processes=2, dashboard=False)
-    assert first.value["parent"] == os.getpid()  # the launch did not wait for the server: its ranks started afresh
-    assert forkserver.prepare()  # the server that launch started in the background
     second = launch(_who, device="cpu", processes=2, dashboard=False)
     monkeypatch.chdir(tmp_path)  # the notebook changed its directory (%cd) since the server started
     third = launch(_who, device="cpu", processes=2, dashboard=False)
-    server = second.value["parent"]
+    server = first.value["parent"]
     assert server in forkserver.server_pids(ready=True) and server != os.getpid()
+    assert second.value["parent"] == server and second.value["pid"] != first.value["pid"]
     assert psutil.Process(server).parent().pid == os.getpid() and psutil.Process(server).name() == "flair_nbddp fs"
     assert third.value["parent"] == server and third.value["pid"] != second.value["pid"]  # the same server
-    for who in (first.value, second.value, third.value):  # forked or fresh, a rank is the same
-        assert who["session"] == who["pid"]  # a session of its own: the parent ends it with killpg
-        # its share of the cores, as OMP_NUM_THREADS says (the kit's, unless the user chose)
-        assert who["threads"] == int(os.environ.get("OMP_NUM_THREADS", max(1, (os.cpu_count() or 1) // 2)))
-        assert who["rank"] == "0" and who["name"] == "flair_nbddp r0"  # as ps and top show it
-        assert who["marker"] == "new"
+    for who in (first.value, second.value, third.value):
+        _is_rank_0_as_a_fresh_one_is(who, "new")
     assert third.value["cwd"] == str(tmp_path) != second.value["cwd"]  # the launch's directory, not the server's
     # a variable read at import (flair's cache root) changed in the notebook: a new server, which reads it
     monkeypatch.setenv("FLAIR_CACHE_ROOT", str(tmp_path / "flair-cache"))
@@ -67,6 +72,14 @@ def test_the_first_launch_starts_afresh_and_later_ones_fork_as_a_fresh_rank_woul
     # the earlier server had no worker left: it was let go, and is gone
     wait_for(lambda: _gone(server), 30, "the earlier server to exit")
     assert server not in forkserver.server_pids() and fourth.value["parent"] in forkserver.server_pids()
+
+
+def _is_rank_0_as_a_fresh_one_is(who, marker):
+    assert who["session"] == who["pid"]  # a session of its own: the parent ends it with killpg
+    # its share of the cores, as OMP_NUM_THREADS says (the kit's, unless the user chose)
+    assert who["threads"] == int(os.environ.get("OMP_NUM_THREADS", max(1, (os.cpu_count() or 1) // 2)))
+    assert who["rank"] == "0" and who["name"] == "flair_nbddp r0"  # as ps and top show it
+    assert who["marker"] == marker  # the notebook's environment
 
 
 def _kill_rank_1(parent_file):
@@ -127,6 +140,22 @@ def test_a_server_ends_with_its_parent_and_takes_its_workers():
         program.wait()
     for pid in (server, *workers):
         wait_for(lambda pid=pid: _gone(pid), 30, f"process {pid} to end with the program that started the pool")
+
+
+def test_ranks_waiting_for_a_server_that_dies_start_afresh_and_a_stop_keeps_them_from_starting(monkeypatch):
+    monkeypatch.setattr(forkserver, "_SERVER_COMMAND", "import sys, time; time.sleep(1.5); sys.exit(3)")
+    monkeypatch.setenv("FORKSERVER_TEST", "dies")  # a server of its own, which exits before it is ready
+    result = launch(_who, device="cpu", processes=2, dashboard=False)
+    assert result.value["parent"] == os.getpid()  # started afresh, as a forked rank would be
+    _is_rank_0_as_a_fresh_one_is(result.value, "dies")
+    assert "the fork server exited or was not ready in time" in (result.run_dir / "rank0.log").read_text()
+    monkeypatch.setenv("FORKSERVER_TEST", "stopped")  # another server, which takes its time
+    monkeypatch.setattr(forkserver, "_SERVER_COMMAND", "import time; time.sleep(600)")
+    group = WorkerGroup(resolve_devices("cpu", 2), RunDir.create()).start()
+    began = time.monotonic()
+    group.close()  # before the server was ready: the ranks never start, and nothing waits for them
+    assert time.monotonic() - began < 1.0
+    assert group.dead_ranks() == {0: -signal.SIGTERM, 1: -signal.SIGTERM} and group.pids == []
 
 
 def test_an_idle_server_exits_and_one_that_cannot_start_leaves_workers_to_start_afresh(monkeypatch, tmp_path):

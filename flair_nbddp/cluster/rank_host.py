@@ -44,6 +44,7 @@ from ..local_ranks import (
     TERMINATE_GRACE_SECONDS,
     spawn_worker,
 )
+from ..pending_worker import signal_group
 from ..rundir import RunDir, runs_root
 from ..wire.events import (
     Failed,
@@ -250,11 +251,10 @@ class _RankHost:
         else:
             address = tuple(store.get(timeout=RENDEZVOUS_TIMEOUT_SECONDS))
         try:
-            spec = dataclasses.replace(
-                self.spec, host=address[0], port=address[1], listen_fd=listener.fileno() if listener else None
-            )
+            spec = dataclasses.replace(self.spec, host=address[0], port=address[1])
             env = rank_environment(self.site, spec.world_size, address, self.dask_worker.state.nthreads)
-            self.connection = spawn_worker(spec, env, self.home.log(self.site.rank), self.processes)
+            listen = listener.fileno() if listener else None
+            self.connection = spawn_worker(spec, env, self.home.log(self.site.rank), self.processes, listen)
         finally:
             if listener is not None:
                 listener.close()
@@ -319,8 +319,7 @@ class _RankHost:
     def terminate(self, grace: float) -> None:
         process = self.processes[0]
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, TERMINATE_GRACE_SECONDS)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, sig)
+            signal_group(process, sig)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=wait)
                 return

@@ -98,7 +98,7 @@ class ClusterGroup:
                 self._feeds.append(Connection(theirs.detach()))
                 spec = WorkerSpec(
                     rank=site.rank, world_size=self.plan.world_size, device=site.device, backend=self.plan.backend,
-                    port=0, listen_fd=None, rendezvous_timeout=RENDEZVOUS_TIMEOUT_SECONDS, stacks="",
+                    port=0, rendezvous_timeout=RENDEZVOUS_TIMEOUT_SECONDS, stacks="",
                     sys_path=tuple(entry for entry in sys.path if entry), preload=preload,
                 )  # fmt: skip  # the notebook's modules import where the workers share its file system
                 self._tasks.append(self.client.submit(

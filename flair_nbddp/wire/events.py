@@ -37,7 +37,6 @@ class WorkerSpec:
     device: str  # "cuda:<i>" or "cpu"
     backend: str  # "nccl" or "gloo"
     port: int  # the rendezvous store's port
-    listen_fd: int | None  # rank 0: the inherited listening socket its store serves on
     rendezvous_timeout: float
     stacks: str  # where SIGUSR1 dumps every thread's stack
     sys_path: tuple[str, ...]  # the parent's import path, so notebook-local modules import

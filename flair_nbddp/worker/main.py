@@ -269,7 +269,7 @@ def set_up(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
         spec.world_size,
         spec.rank == 0,
         timeout=datetime.timedelta(seconds=spec.rendezvous_timeout),
-        master_listen_fd=spec.listen_fd,
+        master_listen_fd=int(sys.argv[2]) if len(sys.argv) > 2 else None,  # rank 0: the socket it inherited
         use_libuv=TorchVersion(torch.__version__) >= (2, 8),
     )
     dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size)
@@ -484,7 +484,8 @@ def serve(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) -> N
 
 
 def main() -> None:
-    """A worker's life: the spec, then jobs, all from the channel whose descriptor is ``sys.argv[1]``."""
+    """A worker's life: the spec, then jobs, all from the channel whose descriptor is ``sys.argv[1]`` (rank 0's
+    store serves on the listening socket ``sys.argv[2]``)."""
     connection = Connection(int(sys.argv[1]))
     spec: WorkerSpec = connection.recv()
     process_name.set_name(process_name.rank_name(spec.rank))  # its name in ps and top: "flair_nbddp r0"
