@@ -1,12 +1,14 @@
 """Cold launches one after another, as a notebook's cells make them: wall time and the machine's CPU time each.
 
     python benchmarks/cold_launches.py --device cpu --launches 4
+    python benchmarks/cold_launches.py --device cpu --launches 2 --jobs training   # a notebook's first training
 
 Each launch starts new workers (no pool): a trivial job, then a short training of the tiny model on a corpus built
-once, here, like in a notebook. On CPU the kit forks its workers from a server that imported torch and flair once
-(``flair_nbddp/forkserver.py``): the first launch starts it beside its own fresh workers, and the next ones fork from
-it (the benchmark waits until it is ready after the first launch, as a notebook's next cell would find it; a kit
-without the server, as an earlier commit's, waits for nothing). CPU time is the whole
+once, here, like in a notebook (``--jobs`` picks either or both, in that order). On CPU the kit forks its workers from
+a server that imported torch and flair once (``flair_nbddp/forkserver.py``): the first launch starts it, and its ranks
+are forked once it is ready (kits before ``pending_worker.py`` started them afresh beside it); the next launches fork
+from it (the benchmark waits until it is ready after the first launch, as a notebook's next cell would find it; a
+kit without the server, as an earlier commit's, waits for nothing). CPU time is the whole
 machine's (user + system, every process: the workers, their server and this one), so run it on a quiet machine.
 Prints one JSON line: per launch, its wall seconds, CPU seconds and (trainings) seconds to the first batch.
 """
@@ -19,6 +21,9 @@ import os
 import tempfile
 import time
 from pathlib import Path
+
+
+JOBS = ("trivial", "training")
 
 
 def nothing() -> None:
@@ -40,7 +45,7 @@ def _server_ready() -> None:
     forkserver.prepare()
 
 
-def measure(device: str, processes: int | None, launches: int, docs: int, workdir: Path) -> dict:
+def measure(device: str, processes: int | None, launches: int, docs: int, workdir: Path, jobs: list[str]) -> dict:
     from flair_nbddp import launch
     from flair_nbddp.demo import train_classifier
     from flair_nbddp.synthetic import sentiment_corpus, tiny_transformer
@@ -53,7 +58,8 @@ def measure(device: str, processes: int | None, launches: int, docs: int, workdi
     }
     rows = []
     for index in range(launches):
-        for kind, fn, extra in (("trivial", nothing, {}), ("training", train_classifier, job)):
+        for kind in jobs:
+            fn, extra = {"trivial": (nothing, {}), "training": (train_classifier, job)}[kind]
             cpu, wall = _cpu_seconds(), time.perf_counter()
             result = launch(fn, device=device, processes=processes, dashboard=False, **extra)
             rows.append({
@@ -61,10 +67,11 @@ def measure(device: str, processes: int | None, launches: int, docs: int, workdi
                 "cpu_s": round(_cpu_seconds() - cpu, 3),
                 "first_batch_s": round(result.time_to_first_batch, 3) if kind == "training" else None,
             })  # fmt: skip
-            if index == 0 and kind == "trivial":
+            if index == 0 and kind == jobs[0]:
                 _server_ready()
     later = [row for row in rows if row["launch"] > 0]
     return {
+        "jobs": jobs,
         "launches": rows,
         "later_trivial_wall_s": sum(r["wall_s"] for r in later if r["job"] == "trivial") / max(1, launches - 1),
         "later_training_wall_s": sum(r["wall_s"] for r in later if r["job"] == "training") / max(1, launches - 1),
@@ -81,10 +88,14 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=None)
     parser.add_argument("--launches", type=int, default=4)
     parser.add_argument("--docs", type=int, default=64)
+    parser.add_argument("--jobs", default="trivial,training", help="each launch's jobs, in order")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    figures = measure(args.device, args.processes, args.launches, args.docs, Path(tempfile.mkdtemp()))
+    jobs = args.jobs.split(",")
+    if not jobs or any(kind not in JOBS for kind in jobs):
+        parser.error(f"--jobs: a comma-separated list of {', '.join(JOBS)}, not {args.jobs!r}")
+    figures = measure(args.device, args.processes, args.launches, args.docs, Path(tempfile.mkdtemp()), jobs)
     print(json.dumps(figures))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))

@@ -78,7 +78,7 @@ def run_notebooks(
         (workdir / notebook.stem).mkdir(parents=True)
         shutil.copy(notebook, workdir / notebook.stem / notebook.name)
         names.append(f"{notebook.stem}/{notebook.name}")
-    report = workdir / "nbval.xml"
+    report = workdir / f"nbval-{notebooks[0].stem}.xml"  # one per nbval process: several may share ``workdir``
     command = [
         *launcher, python, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
         f"--nbval-cell-timeout={CELL_TIMEOUT_SECONDS}", "-p", "no:cacheprovider", "-q", "-rf", f"--junitxml={report}",
@@ -101,6 +101,13 @@ class Nbval:
     seconds: float
     peaks: list[int]  # bytes, one per kernel (with its workers), in the order the kernels started
     cells: dict[str, dict[str, str | None]]  # notebook file name -> cell -> None (passed) or its failure
+
+    @staticmethod
+    def together(runs: list[Nbval]) -> Nbval:
+        """What nbval processes that ran side by side said, as one."""
+        cells = {name: found for run in runs for name, found in run.cells.items()}
+        return Nbval("\n".join(run.output for run in runs), max(run.seconds for run in runs),
+                     [peak for run in runs for peak in run.peaks], cells)  # fmt: skip
 
     def check(self, notebook: Path) -> None:
         """Fail, with nbval's words, unless every cell of ``notebook`` ran and its checked outputs held."""

@@ -1,6 +1,7 @@
 """The notebooks in ``notebooks/`` run top to bottom, offline, on 2 CPU processes, and say what they said.
 
-One ``python -m pytest --nbval-lax`` runs them all (a fresh kernel of this interpreter for each, started by nbval),
+Two ``python -m pytest --nbval-lax`` processes side by side run them (a fresh kernel of this interpreter for each,
+started by nbval),
 each a copy in a temporary directory of its own so that the models and checkpoints it writes (``work/``) and its
 run directories stay out of the repository; the quickstart runs in ``tests/test_binder.py``'s Binder-like
 environment instead, through ``notebook_runs.run_notebooks`` too. ``--nbval-lax`` runs every cell and compares the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -70,11 +72,19 @@ def test_notebooks_have_the_switch_to_the_real_thing(notebook):
 
 @pytest.fixture(scope="module")
 def nbval(tmp_path_factory) -> Nbval:
-    """Every notebook but the quickstart, run by one nbval process (the quickstart runs in the Binder-like
-    environment of tests/test_binder.py, which holds its memory to a Binder session's)."""
+    """Every notebook but the quickstart, in two nbval processes side by side, each with a run ledger of its own (the
+    quickstart runs in the Binder-like environment of tests/test_binder.py, which holds its memory to a Binder
+    session's). A notebook's kernel waits on its workers and theirs on each other much of the time: one after
+    another, the eight used about one core of this 2-core machine."""
     workdir = tmp_path_factory.mktemp("notebooks")
-    env = {**os.environ, **ENVIRONMENT, "FLAIR_NBDDP_RUNS": str(workdir / "runs")}
-    return run_notebooks([path for path in NOTEBOOKS if path.name != BINDER_NOTEBOOK], workdir, env)
+    notebooks = [path for path in NOTEBOOKS if path.name != BINDER_NOTEBOOK]
+
+    def run(half: int) -> Nbval:
+        env = {**os.environ, **ENVIRONMENT, "FLAIR_NBDDP_RUNS": str(workdir / f"runs-{half}")}
+        return run_notebooks(notebooks[half::2], workdir, env)
+
+    with ThreadPoolExecutor(2) as pool:
+        return Nbval.together(list(pool.map(run, (0, 1))))
 
 
 @pytest.mark.kernel
