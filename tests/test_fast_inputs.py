@@ -19,7 +19,7 @@ from transformers.models.roberta import modeling_roberta
 
 import flair_nbddp
 from flair_nbddp.synthetic import ner_corpus, sentiment_corpus, tiny_transformer
-from flair_nbddp.worker import fast_inputs, input_thread, no_waits
+from flair_nbddp.worker import fast_inputs, input_thread, no_waits, word_pieces
 from flair_nbddp.worker.kept_inputs import key
 
 
@@ -35,6 +35,8 @@ def fast(monkeypatch):
     monkeypatch.setattr(TransformerBaseEmbeddings, fast_inputs._BUILD, getattr(TransformerBaseEmbeddings, fast_inputs._BUILD))
     monkeypatch.setattr(flair.trainers.trainer, "DataLoader", flair.trainers.trainer.DataLoader)
     monkeypatch.setattr(fast_inputs, "_STORES", {})
+    monkeypatch.setattr(fast_inputs, "_PIECES", {})
+    monkeypatch.setattr(word_pieces, "CHECKED_SENTENCES", 2)  # the rest of a test's sentences: from their words
     for module in (modeling_distilbert, modeling_roberta):  # their mask checks answer from the kit's masks
         monkeypatch.setattr(module, no_waits._MASK_CHECK, getattr(module, no_waits._MASK_CHECK))
     fast_inputs.install()
@@ -80,43 +82,31 @@ EMBEDDINGS = {
 
 @pytest.mark.parametrize("tokenizer", ["word", "wordpiece", "bpe"])
 @pytest.mark.parametrize("made", EMBEDDINGS, ids=list(EMBEDDINGS))
-def test_the_inputs_are_flairs_own_bit_for_bit_and_each_sentence_is_tokenized_once(models, fast, made, tokenizer):
+def test_the_inputs_are_flairs_own_bit_for_bit_and_each_sentence_is_tokenized_once(
+    models, fast, made, tokenizer, monkeypatch
+):
     embedding = EMBEDDINGS[made](models[tokenizer])
     embedding.train()  # context dropout draws: the same draws either way
     sentences = _sentences("ner" if "words" in made or "context" in made else "text", words=(3, 40))
     batches = [sentences[:5], sentences[5:9], sentences[9:], sentences[2:7]]  # the last: seen, in other batches
     theirs = _prepared(embedding, batches, enabled=False)
-    calls = []
-    real = embedding.tokenizer
-    embedding.tokenizer = _Counting(real, calls)
-    try:
-        first = _prepared(embedding, batches, enabled=True)
-        again = _prepared(embedding, batches, enabled=True)
-    finally:
-        embedding.tokenizer = real
+    calls, encode = [], fast.encode
+
+    def counting(tokenizer, store, keys, words, settings):  # a sentence not kept yet, from its words or tokenized
+        calls.append([list(sentence) for sentence in words])
+        return encode(tokenizer, store, keys, words, settings)
+
+    monkeypatch.setattr(fast, "encode", counting)
+    first = _prepared(embedding, batches, enabled=True)
+    again = _prepared(embedding, batches, enabled=True)
     _assert_same(theirs, first)
     _assert_same(theirs, again)
+    # the sentences checked against the tokenizer were put together alike from their words
+    assert fast._PIECES[fast.fingerprint(embedding.tokenizer)] is not None
     tokenized = [words for call in calls for words in call]
     assert len(calls) <= len(batches) and len(tokenized) == len({tuple(words) for words in tokenized})
     if "context" not in made:  # context dropout makes new variants of a sentence: each is tokenized once
         assert len(tokenized) == len(sentences)
-
-
-class _Counting:
-    """The real tokenizer, recording the sentences each batch call tokenizes."""
-
-    def __init__(self, real, calls):
-        self._real, self._calls = real, calls
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-    def __len__(self):
-        return len(self._real)
-
-    def __call__(self, words, **kwargs):
-        self._calls.append([list(sentence) for sentence in words])
-        return self._real(words, **kwargs)
 
 
 def _losses(model, batches, enabled: bool) -> list[float]:

@@ -30,6 +30,7 @@ import numpy as np
 
 from . import input_thread, no_waits
 from .kept_inputs import Row, Store, key
+from .word_pieces import WordPieces
 
 _BUILD = "_TransformerBaseEmbeddings__build_transformer_model_inputs"  # flair's private method, name-mangled
 
@@ -47,6 +48,7 @@ class _Job:
 _JOB = _Job()
 _STORES: dict[tuple[str, bytes], Store] = {}  # by tokenizer fingerprint and call settings
 _FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> its fingerprint
+_PIECES: dict[str, WordPieces | None] = {}  # by tokenizer fingerprint: its words' ids (None: tokenized whole)
 
 
 def install() -> None:
@@ -180,16 +182,23 @@ def store_for(tokenizer: Any, settings: Settings) -> Store:
 
 
 def encode(tokenizer: Any, store: Store, keys: list[bytes], words: list[list[str]], settings: Settings) -> list:
-    """Tokenize ``words`` (one call, as flair makes it, unpadded), keep each sentence's rows in ``store`` while
-    there is room, and return each sentence's rows."""
-    encoding = tokenizer(
-        words, stride=settings.stride, return_overflowing_tokens=settings.overflow, truncation=settings.truncation,
-        padding=False, is_split_into_words=True,
-    )  # fmt: skip
-    samples = encoding.get("overflow_to_sample_mapping", range(len(words)))
-    found: list[list] = [[] for _ in words]
-    for row, sample in enumerate(samples):
-        found[sample].append((encoding["input_ids"][row], encoding.word_ids(row) if settings.word_ids else None))
+    """Tokenize ``words``, keep each sentence's rows in ``store`` while there is room, and return each sentence's
+    rows. A sentence is put together from its words' ids where it can be (:mod:`.word_pieces`); the rest go to the
+    tokenizer in one call, as flair makes it, unpadded (and so do the first sentences put together, to check them)."""
+    pieces = _pieces_for(tokenizer)
+    found = [None] * len(words) if pieces is None else pieces.rows(words, settings.truncation, settings.word_ids)
+    checked: list[int] = []
+    if pieces is not None and pieces.unchecked > 0:
+        checked = [index for index, rows in enumerate(found) if rows is not None][: pieces.unchecked]
+        pieces.unchecked -= len(checked)
+    asked = [index for index, rows in enumerate(found) if rows is None or index in checked]
+    for index, rows in zip(asked, _tokenize(tokenizer, [words[i] for i in asked], settings)):
+        if found[index] is not None and not _same(rows, found[index]):
+            _PIECES[fingerprint(tokenizer)] = None
+            _notice("pieces", f"flair_nbddp: {type(tokenizer).__name__} encodes a word within a sentence otherwise "
+                              "than alone; its sentences are tokenized whole")  # fmt: skip
+            return encode(tokenizer, store, keys, words, settings)
+        found[index] = rows
     room = _room() > 0
     if not room:
         _notice("room", f"flair_nbddp: the kept encodings reached {KEEP_AT_MOST >> 20} MB in this worker; "
@@ -199,6 +208,40 @@ def encode(tokenizer: Any, store: Store, keys: list[bytes], words: list[list[str
             store.add(name, rows)
     return [[(np.asarray(ids, dtype=np.int64), None if word_ids is None else list(word_ids)) for ids, word_ids in rows]
             for rows in found]  # fmt: skip
+
+
+def _tokenize(tokenizer: Any, words: list[list[str]], settings: Settings) -> list[list[tuple]]:
+    """Each sentence's rows (ids, word positions or None) from the tokenizer itself, in one call."""
+    if not words:
+        return []
+    encoding = tokenizer(
+        words, stride=settings.stride, return_overflowing_tokens=settings.overflow, truncation=settings.truncation,
+        padding=False, is_split_into_words=True,
+    )  # fmt: skip
+    samples = encoding.get("overflow_to_sample_mapping", range(len(words)))
+    found: list[list] = [[] for _ in words]
+    for row, sample in enumerate(samples):
+        found[sample].append((encoding["input_ids"][row], encoding.word_ids(row) if settings.word_ids else None))
+    return found
+
+
+def _same(rows: list[tuple], other: list[tuple]) -> bool:
+    def plain(words: Any) -> list | None:
+        return None if words is None else list(words)
+
+    return len(rows) == len(other) and all(
+        np.array_equal(ids, other_ids) and plain(words) == plain(other_words)
+        for (ids, words), (other_ids, other_words) in zip(rows, other)
+    )
+
+
+def _pieces_for(tokenizer: Any) -> WordPieces | None:
+    """The words ``tokenizer`` has seen (None for one whose sentences are tokenized whole)."""
+    name = fingerprint(tokenizer)
+    if name not in _PIECES:
+        pieces = WordPieces(tokenizer)
+        _PIECES[name] = pieces if pieces.usable else None
+    return _PIECES[name]
 
 
 @dataclass(frozen=True)
