@@ -55,20 +55,22 @@ class WordPieces:
     def rows(self, sentences: list[list[str]], truncation: Any, word_ids: bool) -> list[list[tuple] | None]:
         """Each sentence's one row (ids as int64, word positions if ``word_ids``), or None for one the tokenizer
         would cut (``truncation``) or window: longer than the model's maximum."""
-        words = self._words
-        new = list({word for sentence in sentences for word in sentence if word not in words})
+        known = self._words.get
+        new = list({word for sentence in sentences for word in sentence if known(word) is None})
+        fresh: dict[str, bytes] = {}  # this call's new words, kept below while there is room
         if new:
-            encoded = [self._bytes(e.ids) for e in self._backend.encode_batch([[w] for w in new], is_pretokenized=True,
-                                                                               add_special_tokens=False)]  # fmt: skip
-            words = {**words, **dict(zip(new, encoded))}  # this call's; kept below while there is room
+            encodings = self._backend.encode_batch([[word] for word in new], is_pretokenized=True,
+                                                   add_special_tokens=False)  # fmt: skip
+            fresh = {word: self._bytes(encoding.ids) for word, encoding in zip(new, encodings)}
             with self._lock:
                 room = KEEP_WORDS - len(self._words)
                 if room > 0:
-                    self._words.update(zip(new[:room], encoded[:room]))
+                    self._words.update(zip(new[:room], map(fresh.get, new[:room])))
         size, rows = self._type.itemsize, []
         prefix, suffix = len(self._prefix) // size, len(self._suffix) // size
         for sentence in sentences:
-            pieces = [words[word] for word in sentence]
+            # a word that makes no sub-token is b"" in either dict: it falls through to b"", which is right
+            pieces = [known(word) or fresh.get(word, b"") for word in sentence]
             ids = np.frombuffer(b"".join([self._prefix, *pieces, self._suffix]), dtype=self._type).astype(np.int64)
             if truncation and len(ids) > self._limit:
                 rows.append(None)
