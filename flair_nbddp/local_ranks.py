@@ -82,7 +82,6 @@ def spawn_worker(
         fds["log"] = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         if listen is not None:
             fds["listen"] = os.dup(listen)
-        connection = Connection(parent_end.detach())
         if server is None:
             started.append(fresh(fds))
         else:
@@ -91,6 +90,7 @@ def spawn_worker(
                 server, fork=lambda: server.fork(full, cwd, own)[0], fresh=lambda: fresh(own),
                 note=lambda text: _note(log, text), release=lambda: _close(own),
             ))  # fmt: skip
+        connection = Connection(parent_end.detach())
     except BaseException:
         parent_end.close()  # a no-op once its descriptor went to the connection
         raise
