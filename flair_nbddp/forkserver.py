@@ -245,12 +245,6 @@ def server_for(env: dict[str, str]) -> _Server | None:
         return server
 
 
-def failed(env: dict[str, str]) -> bool:
-    """Whether the server for ``env`` exited before it was ready (so ranks with it start afresh)."""
-    with _SERVERS_LOCK:
-        return _key(env) in _FAILED
-
-
 def prepare(timeout: float = 120.0) -> bool:
     """Start this process's server for its current environment now, if there is none, and wait until it is ready
     (at most ``timeout`` s): the next CPU launch then forks its ranks. True once it is ready.

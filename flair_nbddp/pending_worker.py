@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .errors import ForkServerError
 
 READY_TIMEOUT_SECONDS = 120.0  # a server importing longer than this is passed by: the rank starts afresh
 
@@ -72,7 +71,7 @@ class PendingWorker:
         if self._server.ready:
             try:
                 return self._fork()
-            except ForkServerError as error:
+            except OSError as error:  # a ForkServerError, or the request could not reach the server
                 self._note(f"the fork server could not start this worker ({error}): it starts afresh")
         else:
             self._note("the fork server exited or was not ready in time: this worker starts afresh, importing torch "

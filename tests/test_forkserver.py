@@ -167,4 +167,4 @@ def test_an_idle_server_exits_and_one_that_cannot_start_leaves_workers_to_start_
     assert fresh.value["parent"] == os.getpid()
     _is_rank_0_as_a_fresh_one_is(fresh.value, "broken")
     assert "the fork server exited or was not ready in time" in (fresh.run_dir / "rank0.log").read_text()
-    assert not forkserver.prepare() and forkserver.failed(worker_environment())  # not started again
+    assert not forkserver.prepare() and forkserver.server_for(worker_environment()) is None  # not started again

@@ -101,6 +101,7 @@ def test_cancel_leaves_a_started_process_alone():
     [
         (False, None, "the fork server exited or was not ready in time"),
         (True, ForkServerError("it did not answer"), "could not start this worker (it did not answer)"),
+        (True, BrokenPipeError("the server's socket is closed"), "could not start this worker (the server's socket"),
     ],
 )
 def test_a_server_that_exits_or_cannot_fork_leaves_the_rank_to_start_afresh_saying_why(ready, fork_error, said):

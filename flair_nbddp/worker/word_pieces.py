@@ -5,8 +5,8 @@ flair hands its tokenizer sentences already split into words (``is_split_into_wo
 word at a time), joins the words' sub-tokens, and adds its special tokens around them. So a sentence's ids are its
 words' ids one after another between the tokenizer's leading and trailing special tokens, and each sub-token's word
 position is its word's index. :class:`WordPieces` keeps each distinct word's ids (up to :data:`KEEP_WORDS` words)
-and puts sentences together from them, about 15 times faster than the tokenizer on generated IMDB-length reviews
-(its Rust threads included), since a corpus repeats its words. A sentence longer than the model's maximum (cut, or
+and puts sentences together from them, with 0.035-0.039 of the tokenizer's CPU time on generated reviews (its Rust
+threads included; ``benchmarks/word_pieces.py``), since a corpus repeats its words. A sentence longer than the model's maximum (cut, or
 split into strided windows) is left to the tokenizer. The first :data:`CHECKED_SENTENCES` sentences put together
 for a tokenizer are compared with the tokenizer's own encoding; if one differs, the tokenizer encodes every
 sentence from then on.
