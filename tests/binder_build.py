@@ -1,10 +1,9 @@
-"""What mybinder.org builds from binder/, built in the background while the rest of the suite runs.
+"""What mybinder.org builds from binder/: a fresh virtual environment, ``pip install -r binder/requirements.txt``, the
+stand-ins for Binder's base image, ``binder/postBuild``.
 
-The build (a fresh virtual environment, ``pip install -r binder/requirements.txt``, the stand-ins for Binder's
-base image, ``binder/postBuild``) takes about a minute of mostly one core, and the suite's other tests leave part
-of the second core idle. ``conftest.py`` starts it once the tests are collected, if the Binder test is among
-them, and runs that test last; the test waits for the build here and then runs the quickstart in it. See
-``tests/test_binder.py`` for what is built and how it differs from Binder.
+The build takes about a minute of mostly one core. ``conftest.py`` schedules its test first in ``make test``'s
+two test processes, so it runs beside the notebooks. See ``tests/test_binder.py`` for what is built and how it
+differs from Binder.
 """
 
 from __future__ import annotations
@@ -14,11 +13,9 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 BINDER = ROOT / "binder"
@@ -64,75 +61,34 @@ class BinderBuild:
         self.env["FLAIR_NBDDP_RUNS"] = str(home / "runs")  # the run directories stay with the build's files
         self.timings: dict[str, float] = {}
         self._base_python = python
-        self._error: BaseException | None = None
-        self._step: subprocess.Popen | None = None
-        self._thread = threading.Thread(target=self._build, name="binder-build", daemon=True)
 
-    def start(self) -> BinderBuild:
-        self._thread.start()
-        return self
-
-    def wait(self, timeout: float = 1800) -> BinderBuild:
-        """The finished build.
+    def build(self) -> BinderBuild:
+        """Build it.
 
         Raises:
-            AssertionError: a step failed (its command and output), or the build is still going after ``timeout``.
+            AssertionError: a step failed (its command and output).
         """
-        self._thread.join(timeout)
-        assert not self._thread.is_alive(), f"the Binder build did not finish within {timeout} s"
-        if self._error is not None:
-            raise self._error
+        shutil.copytree(ROOT, self.repo, ignore=NOT_IN_A_CLONE)
+        self._run("venv", [self._base_python, "-m", "venv", str(self.venv)], self.home, 120)
+        requirements = self.home / "requirements.txt"
+        requirements.write_text(  # tests/test_binder.py: the PyTorch CPU index is not reachable from here
+            (BINDER / "requirements.txt").read_text().replace(UNREACHABLE_INDEX, "# (index dropped: unreachable)")
+        )
+        pip = [self.python, "-m", "pip", "install", "-q"]
+        self._run("requirements", [*pip, "-r", str(requirements)], self.repo, 1500)
+        self._run("base stand-in", [*pip, *STAND_IN_FOR_BINDER_BASE], self.repo, 600)
+        self._run("postBuild", ["binder/postBuild"], self.repo, 600)
         return self
-
-    def processes(self) -> set[int]:
-        """The processes the build runs now (a step and what it started): nobody's leftovers."""
-        step = self._step
-        if step is None or step.poll() is not None:
-            return set()
-        try:
-            return {step.pid, *(child.pid for child in psutil.Process(step.pid).children(recursive=True))}
-        except psutil.NoSuchProcess:
-            return set()
-
-    def _build(self) -> None:
-        try:
-            shutil.copytree(ROOT, self.repo, ignore=NOT_IN_A_CLONE)
-            self._run("venv", [self._base_python, "-m", "venv", str(self.venv)], self.home, 120)
-            requirements = self.home / "requirements.txt"
-            requirements.write_text(  # tests/test_binder.py: the PyTorch CPU index is not reachable from here
-                (BINDER / "requirements.txt").read_text().replace(UNREACHABLE_INDEX, "# (index dropped: unreachable)")
-            )
-            pip = [self.python, "-m", "pip", "install", "-q"]
-            self._run("requirements", [*pip, "-r", str(requirements)], self.repo, 1500)
-            self._run("base stand-in", [*pip, *STAND_IN_FOR_BINDER_BASE], self.repo, 600)
-            self._run("postBuild", ["binder/postBuild"], self.repo, 600)
-        except BaseException as error:  # noqa: BLE001 - handed to the test, which raises it
-            self._error = error
 
     def _run(self, step: str, command: list[str], cwd: Path, timeout: float) -> None:
         started = time.monotonic()
-        self._step = subprocess.Popen(
+        process = subprocess.Popen(
             command, cwd=cwd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         try:
-            output, _ = self._step.communicate(timeout=timeout)
+            output, _ = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self._step.kill()
-            output, _ = self._step.communicate()
+            process.kill()
+            output, _ = process.communicate()
         seconds = self.timings[step] = time.monotonic() - started
-        assert self._step.returncode == 0, f"{' '.join(command)} failed after {seconds:.0f} s:\n{output[-12000:]}"
-
-
-_BUILD: BinderBuild | None = None
-
-
-def start(home: Path) -> BinderBuild:
-    """Start building in ``home`` (the test run's one build)."""
-    global _BUILD
-    _BUILD = BinderBuild(home, binder_python()).start()
-    return _BUILD
-
-
-def current() -> BinderBuild | None:
-    """The build started for this test run, if any."""
-    return _BUILD
+        assert process.returncode == 0, f"{' '.join(command)} failed after {seconds:.0f} s:\n{output[-12000:]}"

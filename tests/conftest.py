@@ -9,12 +9,10 @@ cluster or a kernel fails with the marker to add.
 
 import contextlib
 import os
-import shutil
 import signal
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -36,7 +34,6 @@ os.environ.setdefault("FLAIR_NBDDP_PROCESSES", "2")
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 SLOW_TIERS = ("process", "kernel", "browser", "cluster")
-BINDER_TEST = "tests/test_binder.py::test_binder_environment_runs_the_quickstart"
 TIER_ENV = "FLAIR_NBDDP_TEST_TIER"
 
 
@@ -71,18 +68,47 @@ def lab_server(tmp_path_factory):
         yield server
 
 
+# make test runs the suite in two processes (pytest-xdist's -n 2), each taking the next unit of work when it runs
+# low: a test file (its module fixtures are set up once), or all the browser tests (one JupyterLab). The units go
+# longest first, so that neither process waits for the other at the end: the notebooks, the Binder build, then the
+# tiers from the slowest to the fast one.
+LONGEST_FIRST = ("tests/test_notebooks.py", "tests/test_binder.py")
+TIERS_BY_LENGTH = ("kernel", "browser", "cluster", "process")  # then the fast tier
+BROWSER_UNIT = "the browser tests"
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to."""
+    path = nodeid.split("::", 1)[0]
+    return BROWSER_UNIT if path.endswith("_browser.py") else path
+
+
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected
 def pytest_collection_modifyitems(config, items):
-    """The Binder test runs last, its environment built in the background meanwhile (tests/binder_build.py)."""
-    binder = [item for item in items if item.nodeid == BINDER_TEST]
-    if not binder or config.option.collectonly:
-        return
-    items[:] = [item for item in items if item.nodeid != BINDER_TEST] + binder
-    import binder_build
+    """The units of work longest first, each unit's tests in their own order."""
+    ranks: dict[str, int] = {}
+    for item in items:
+        unit = work_unit(item.nodeid)
+        if unit in LONGEST_FIRST:
+            rank = LONGEST_FIRST.index(unit)
+        else:
+            tiers = [i for i, tier in enumerate(TIERS_BY_LENGTH) if item.get_closest_marker(tier)]
+            rank = len(LONGEST_FIRST) + min(tiers, default=len(TIERS_BY_LENGTH))
+        ranks[unit] = min(rank, ranks.get(unit, rank))
+    items.sort(key=lambda item: ranks[work_unit(item.nodeid)])  # stable: the rest keeps the collection's order
 
-    home = Path(tempfile.mkdtemp(prefix="flair_nbddp-binder-"))
-    config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
-    binder_build.start(home)
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist hands out whole units of work, in the collection's order (above)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return Units(config, log)
 
 
 _WARM_POOLS = []  # the session's warm pool, once a test asked for it: its workers are nobody's leftovers
@@ -105,16 +131,13 @@ def warm_pool():
 @pytest.fixture
 def no_leftover_processes():
     """Fails the test if it leaves a child process of this one running (one that was there before it started,
-    such as the test run's JupyterLab; nor is a worker of the session's warm pool, a fork server that CPU workers come
-    from, or a step of the Binder build)."""
-    import binder_build
-
+    such as the test run's JupyterLab; nor is a worker of the session's warm pool, or a fork server that CPU workers
+    come from)."""
     from flair_nbddp import forkserver
 
     before = {child.pid for child in psutil.Process().children(recursive=True)}
     yield
-    build = binder_build.current()
-    others = before | {pid for pool in _WARM_POOLS for pid in pool.pids} | (build.processes() if build else set())
+    others = before | {pid for pool in _WARM_POOLS for pid in pool.pids}
     others |= forkserver.server_pids()
     left = {}
     for child in psutil.Process().children(recursive=True):

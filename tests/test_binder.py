@@ -4,8 +4,8 @@ Binder (repo2docker) makes a Python 3.11 environment (``runtime.txt``) that alre
 and ipywidgets 8, runs ``pip install -r binder/requirements.txt`` in it, then ``binder/postBuild`` from the
 repository root, and starts the server through ``binder/start``. The slow test repeats that in a fresh virtual
 environment and runs ``notebooks/01_quickstart.ipynb`` there with nbval (a kernel of that environment), holding its
-memory to what a Binder session can count on; it is the quickstart's only run in the suite. The environment is
-built in the background while the other tests run (``tests/binder_build.py``), and this test runs last.
+memory to what a Binder session can count on; it is the quickstart's only run in the suite. ``make test`` runs it
+first, beside the notebooks (``tests/conftest.py``); the build is ``tests/binder_build.py``.
 
 Two honest differences from Binder:
 
@@ -24,9 +24,8 @@ import os
 import subprocess
 from pathlib import Path
 
-import binder_build
 import pytest
-from binder_build import BINDER, UNREACHABLE_INDEX, runtime_version
+from binder_build import BINDER, UNREACHABLE_INDEX, BinderBuild, binder_python, runtime_version
 from notebook_runs import BINDER_MEMORY_BYTES, BINDER_NOTEBOOK, run_notebooks
 from packaging.requirements import Requirement
 
@@ -85,8 +84,7 @@ def test_requirements_pin_every_dependency_of_the_project():
 
 @pytest.mark.kernel
 def test_binder_environment_runs_the_quickstart(tmp_path):
-    # built in the background since the tests were collected (conftest.py), or here when it was not started
-    build = (binder_build.current() or binder_build.start(tmp_path)).wait()
+    build = BinderBuild(tmp_path, binder_python()).build()
     # the quickstart runs here only (tests/test_notebooks.py runs the others), with the suite's seed for its checks
     quickstart = build.repo / NOTEBOOK
     nbval = run_notebooks(

@@ -1,7 +1,6 @@
 """The run views: pure rendering, the widget dashboard on synthetic events, and the dashboard in a real kernel."""
 
 import re
-import threading
 import time
 from types import SimpleNamespace
 
@@ -238,7 +237,7 @@ def test_dashboard_updater_thread_redraws_at_most_five_times_a_second(run, monke
         time.sleep(0.001)
     view.finish(finished(run))
     assert 2 <= len(draws) <= 1 + 5 + 1  # the live ones (fewer on a starved machine), plus the frozen one
-    assert not any(thread.name == "flair_nbddp-dashboard" for thread in threading.enumerate())
+    assert not view._thread.is_alive()
 
 
 def test_finished_dashboard_freezes_into_a_summary(run):

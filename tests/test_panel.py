@@ -298,6 +298,8 @@ def test_the_fixed_run_options_reach_every_run(fake_runs):
     panel.train()
     options = fake_runs[0].options
     assert (options.seed, options.hang_timeout, options.distributed_eval) == (7, 60, False)
+    fake_runs[0].end()
+    panel.wait(timeout=5)
 
 
 def test_a_stopped_run_shows_no_test_score_rather_than_a_zero(panel, fake_runs):
@@ -350,6 +352,7 @@ def test_a_panel_bug_while_watching_is_shown_not_lost(panel, fake_runs):
     panel.wait(timeout=5)
     assert panel.runs[0].status == "failed" and "lost track of run 1: OSError" in panel.message.value
     assert "Traceback" in panel.message.value and not panel.active
+    assert not panel.dashboard._thread.is_alive()  # the dashboard stopped redrawing the lost run
 
 
 def test_wait_gives_up_after_its_timeout_and_the_run_goes_on(panel, fake_runs):

@@ -724,6 +724,8 @@ class TrainingPanel:
             record.status, record.error = "failed", error
             self.status.value = panel_status_html("failed", f"run {record.number}")
             self._show_problem((f"the panel lost track of run {record.number}: {error!r}", traceback.format_exc()))
+            with contextlib.suppress(Exception):  # its updater thread ends; the problem above is what the user sees
+                self.dashboard.finish(None, error)
         finally:
             self.history.value = self.history_html()
             self._lock(False)
