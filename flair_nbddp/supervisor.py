@@ -65,6 +65,7 @@ class Supervisor:
     def _watch(self) -> None:
         open_connections = {connection: rank for rank, connection in enumerate(self.group.connections)}
         while open_connections and not self.state.all_finished():
+            failed = False
             for connection in wait(list(open_connections), timeout=POLL_SECONDS):
                 try:
                     event = connection.recv()
@@ -72,9 +73,10 @@ class Supervisor:
                     self._rank_closed(open_connections.pop(connection))
                     continue
                 self.state.apply(event)
-                if isinstance(event, Failed):
-                    self._blame_signal_deaths()
-                    self.group.terminate()
+                failed = failed or isinstance(event, Failed)
+            if failed:  # after every channel that was ready: a rank killed by a signal closed its own meanwhile
+                self._blame_signal_deaths()
+                self.group.terminate()
             self._output.read(self.state)
             self._enforce_limits()
             if self._recorder is not None:

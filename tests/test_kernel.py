@@ -200,7 +200,7 @@ model_path, base, marker = {tiny_model_path!r}, {str(tmp_path / "out")!r}, {str(
 from training_jobs import fine_tune_failing_once
 fine_tune_failing_once(corpus, model_path, base, marker, "kill")
 """, timeout=300))
-    assert "rank 1 died (was killed by signal SIGKILL)" in restarted.stdout
+    assert "rank 1 died (was killed by signal SIGKILL)" in restarted.stdout, restarted.stdout[-3000:] + restarted.stderr
     assert "restart 1 of 1 from the end of epoch 2" in restarted.stdout
     assert not marker.exists()
     linked = _ok(kernel.execute("""import flair_nbddp

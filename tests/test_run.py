@@ -18,6 +18,7 @@ from flair_nbddp.errors import (
     RunStateError,
     StillRunningError,
     WorkerError,
+    describe_exit,
 )
 from flair_nbddp.options import RunOptions
 from flair_nbddp.restarts import RestartingRun
@@ -151,6 +152,32 @@ def test_a_run_started_with_restarts_starts_again_when_a_rank_fails_and_lists_it
     assert isinstance(result.attempts[0].error, WorkerError) and result.attempts[0].error.rank == 1
     assert "rank 1 failed (RuntimeError); restart 1 of 1 from the start" in capsys.readouterr().out
     assert not kept.parent.exists()  # the kept payload goes with the run
+
+
+class KilledRanks(FakeRanks):
+    """Rank 1 killed by SIGKILL (e.g. by the kernel's out-of-memory killer): its channel is closed at once, and rank 0
+    has reported the collective that broke. Its exit code is known only once it is waited for (a forked rank's
+    comes through the fork server)."""
+
+    def __init__(self) -> None:
+        super().__init__(2)
+        for rank, sender in enumerate(self.ranks):
+            sender.send(Started(rank, pid=100 + rank, device="cpu"))
+        self.ranks[0].send(Failed(0, "RuntimeError", "Connection closed by peer [127.0.0.1]:9090", "Traceback: ..."))
+        self.ranks[1].connection.close()
+
+    def wait_exit(self, rank, timeout):
+        return -9 if rank == 1 else super().wait_exit(rank, timeout)
+
+    def describe_exit(self, rank, exit_code):
+        return f"the worker process {describe_exit(exit_code)}"
+
+
+def test_a_rank_killed_by_a_signal_is_blamed_not_the_peer_that_lost_it(source):
+    source.acquire = lambda job: source.jobs.append(job) or setattr(source, "ranks", KilledRanks()) or source.ranks
+    result = Run(double, (1,), {}, source).start().wait(timeout=10)
+    assert (result.status, result.error.rank, result.error.exit_code) == ("failed", 1, -9)
+    assert "killed by signal SIGKILL" in str(result.error)
 
 
 def test_an_interrupted_run_with_restarts_stops_and_is_not_started_again(source, capsys):
