@@ -50,6 +50,7 @@ IMPORTS = ("torch", "torch.distributed", "flair", "flair.models", "flair.embeddi
            "flair_nbddp.worker.main")  # fmt: skip
 IDLE_SECONDS = 600.0  # a server without workers or requests for this long exits (it holds torch and flair)
 FORK_TIMEOUT_SECONDS = 60.0  # a ready server forks in milliseconds
+EXIT_REPORT_SECONDS = 3.0  # a server reports a worker's exit as soon as it reaps it: milliseconds, seconds under load
 # variables nothing reads at import, so a change to them calls for no new server: the kit's own (read when used)
 # and pytest's mark of the test that runs
 _KIT_PREFIX = "FLAIR_NBDDP_"
@@ -86,6 +87,10 @@ class ForkedWorker:
         self._exited.set()
 
     def poll(self) -> int | None:
+        """Its exit code if it has exited. One that has died while its server's report is on its way (a peer may
+        report the broken collective first) is waited for, at most ``EXIT_REPORT_SECONDS``."""
+        if self.returncode is None and _gone(self.pid):
+            self._exited.wait(EXIT_REPORT_SECONDS)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -202,14 +207,17 @@ def _wait_gone(pid: int, timeout: float = 10.0) -> None:
     """Until process ``pid`` (a worker whose server died; init reaps it) has disappeared or is a zombie, at most
     ``timeout`` s."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                if stat.read().rpartition(")")[2].split()[0] == "Z":
-                    return
-        except OSError:  # gone
-            return
+    while time.monotonic() < deadline and not _gone(pid):
         time.sleep(0.05)
+
+
+def _gone(pid: int) -> bool:
+    """Process ``pid`` has exited: a zombie not reaped yet, or no longer there."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 _SERVERS: dict[frozenset, _Server] = {}
