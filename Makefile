@@ -25,7 +25,7 @@ demo: venv
 	$(PY) -m flair_nbddp demo
 
 test: venv
-	$(PY) -m pytest -q --durations=20 -n 2
+	$(PY) -m pytest -q --durations=20
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not process and not kernel and not browser and not cluster"

@@ -1,8 +1,8 @@
 """What mybinder.org builds from binder/: a fresh virtual environment, ``pip install -r binder/requirements.txt``, the
 stand-ins for Binder's base image, ``binder/postBuild``.
 
-The build takes about a minute of mostly one core. ``conftest.py`` schedules its test first in ``make test``'s
-two test processes, so it runs beside the notebooks. See ``tests/test_binder.py`` for what is built and how it
+The build takes about a minute of mostly one core. ``conftest.py`` orders its test right after the notebooks, so
+that with ``pytest -n 2`` it runs beside them. See ``tests/test_binder.py`` for what is built and how it
 differs from Binder.
 """
 

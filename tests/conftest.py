@@ -68,7 +68,7 @@ def lab_server(tmp_path_factory):
         yield server
 
 
-# make test runs the suite in two processes (pytest-xdist's -n 2), each taking the next unit of work when it runs
+# `pytest -n 2` runs the suite in two processes (pytest-xdist), each taking the next unit of work when it runs
 # low: a test file (its module fixtures are set up once), or all the browser tests (one JupyterLab). The units go
 # longest first, so that neither process waits for the other at the end: the notebooks, the Binder build, then the
 # tiers from the slowest to the fast one.

@@ -4,8 +4,8 @@ Binder (repo2docker) makes a Python 3.11 environment (``runtime.txt``) that alre
 and ipywidgets 8, runs ``pip install -r binder/requirements.txt`` in it, then ``binder/postBuild`` from the
 repository root, and starts the server through ``binder/start``. The slow test repeats that in a fresh virtual
 environment and runs ``notebooks/01_quickstart.ipynb`` there with nbval (a kernel of that environment), holding its
-memory to what a Binder session can count on; it is the quickstart's only run in the suite. ``make test`` runs it
-first, beside the notebooks (``tests/conftest.py``); the build is ``tests/binder_build.py``.
+memory to what a Binder session can count on; it is the quickstart's only run in the suite. It runs right after
+the notebooks, beside them under ``pytest -n 2`` (``tests/conftest.py``); the build is ``tests/binder_build.py``.
 
 Two honest differences from Binder:
 
