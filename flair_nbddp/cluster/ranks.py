@@ -37,6 +37,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 import uuid
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -264,8 +265,7 @@ class ClusterGroup:
             if site.worker not in live:
                 self._lose(rank, "left the cluster (its node was lost, or the worker was ended)")
             elif task.status == "error":
-                error = task.exception()
-                self._feed(rank, Failed(rank, type(error).__name__, str(error), str(task.traceback() or "")))
+                self._feed(rank, task_failure(rank, task))
                 self._record_exit(rank, 1)
             elif silence and now - self._heard[rank] > LOST_AFTER_SECONDS:
                 self._lose(rank, f"stopped answering for {LOST_AFTER_SECONDS:.0f} s")
@@ -365,6 +365,26 @@ class ClusterGroup:
     def pids(self) -> list[int]:
         """The ranks' worker processes' ids, each on its own host."""
         return [self._pids[rank] for rank in sorted(self._pids)]
+
+
+def task_failure(rank: int, task: Any) -> Failed:
+    """What rank ``rank``'s Dask task that ended in an error reports: the error and where it was raised, as text.
+
+    Example:
+        >>> class Task:  # a distributed.Future whose task raised
+        ...     def exception(self): return error
+        ...     def traceback(self): return error.__traceback__
+        >>> try:
+        ...     raise AssertionError
+        ... except AssertionError as caught:
+        ...     error = caught
+        >>> failed = task_failure(1, Task())
+        >>> failed.exc_type, failed.traceback.splitlines()[-1]
+        ('AssertionError', 'AssertionError')
+    """
+    error = task.exception()
+    return Failed(rank, type(error).__name__, str(error),
+                  "".join(traceback.format_exception(type(error), error, task.traceback())))  # fmt: skip
 
 
 def cluster_group_factory(client: Any, placement: Placement) -> Callable[[RunDir], ClusterGroup]:
