@@ -62,6 +62,7 @@ from . import (
     distributed_eval,
     fast_inputs,
     no_waits,
+    one_rank,
     precision,
     process_name,
 )
@@ -223,6 +224,7 @@ def _bend_flair(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
 
     flair.device = vitals.device
     flair_compat.allow_cpu_ddp()
+    one_rank.install()
     flair_compat.scale_gradients_together()
     flair_compat.instrument_trainer(sender, spec.rank, spec.world_size, vitals.counters, vitals.control_group)
     distributed_eval.install(spec.rank, spec.world_size, vitals.control_group, vitals.store)
