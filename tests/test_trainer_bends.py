@@ -47,6 +47,10 @@ def test_gradients_scaled_together_are_flairs_bit_for_bit(flairs_own, tmp_path):
     assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(ours, flairs, strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(flairs, before) if a is not None)  # it did scale
 
+    versions = [grad._version for grad in ours if grad is not None]
+    trainer._scale_gradients(1)  # one rank: each product would be its factor
+    assert [grad._version for grad in ours if grad is not None] == versions  # so no gradient was written
+
 
 @pytest.fixture
 def world_of_one(monkeypatch):

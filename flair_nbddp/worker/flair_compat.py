@@ -269,11 +269,14 @@ def scale_gradients_together() -> None:
     multi-GPU training) one ``torch._foreach_mul_`` over the dense gradients instead of a ``mul_`` per tensor.
 
     Each product is the same multiplication, so the gradients are bit for bit flair's; what changes is the rank's
-    CPU time: about 100 kernel launches a batch for a DistilBERT-sized model become one or two.
+    CPU time: about 100 kernel launches a batch for a DistilBERT-sized model become one or two. In a world of one
+    rank the constant is 1, every product is its factor, and nothing is launched.
     """
     from flair.trainers import ModelTrainer
 
     def _scale_gradients(self: Any, constant: float) -> None:
+        if constant == 1:
+            return
         grads = [param.grad for param in self.model.parameters() if param.grad is not None]
         with torch.no_grad():
             torch._foreach_mul_([grad for grad in grads if not grad.is_sparse], constant)
