@@ -24,8 +24,11 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	$(PY) -m flair_nbddp demo
 
+# two test processes (pytest-xdist), then the cluster tier on its own: beside the other tiers' load its Dask
+# workers once failed to start a restarted rank (README, Tests)
 test: venv
-	$(PY) -m pytest -q --durations=20
+	$(PY) -m pytest -q --durations=20 -n 2 -m "not cluster"
+	$(PY) -m pytest -q --durations=5 -m cluster
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not process and not kernel and not browser and not cluster"
