@@ -108,6 +108,8 @@ def test_a_classifier_trains_from_a_notebook_corpus_on_two_dask_workers(
     # rank 0's log came back to the notebook's run directory, rank 1's output to its own file there
     assert "EPOCH 6 done" in result.log and "rank 0 of 2" in result.log
     assert "rank 1 of 2" in result.log_files[1].read_text()
+    # nothing that finished was cancelled: a cancel goes to every client, and one registering then fails to start
+    assert not [event for _, event in client.get_events(client.id) if event.get("action") == "cancel"]
 
 
 def _world_and_host():

@@ -28,6 +28,16 @@ def _probe(hostname: str, gpus: int = 0, visible: str = "", runs: str = "/tmp/ru
     return {"hostname": hostname, "node": f"{hostname}/boot/{runs}", "gpus": gpus, "visible": visible}
 
 
+class FakeFuture(SimpleNamespace):
+    """A ``distributed.Future`` whose task finished."""
+
+    def done(self):
+        return True
+
+    def release(self):
+        self.released = True
+
+
 class FakeClient:
     """What place() and the group's file shipping ask of a ``distributed.Client``."""
 
@@ -38,6 +48,8 @@ class FakeClient:
         self.scheduler = SimpleNamespace(address="tcp://10.0.0.1:8786", identity=self._identity)
         self.scattered: list[tuple[int, tuple[str, ...]]] = []
         self.submitted: list[tuple[str, tuple]] = []
+        self.futures: list[FakeFuture] = []  # every one scatter and submit made
+        self.cancelled: list[FakeFuture] = []
 
     def _identity(self, n_workers: int = 0) -> dict:
         return {"workers": {address: info for address, (info, _) in self.workers.items()} if n_workers else {}}
@@ -52,17 +64,19 @@ class FakeClient:
 
     def scatter(self, data, workers=(), hash=True):
         self.scattered.append((len(data), tuple(workers)))
-        return data
+        self.futures.append(FakeFuture(data=data))
+        return self.futures[-1]
 
     def submit(self, function, *args, workers=(), **kwargs):
         self.submitted.append((function.__name__, tuple(workers)))
-        return SimpleNamespace(args=args)
+        self.futures.append(FakeFuture(args=args))
+        return self.futures[-1]
 
     def gather(self, futures):
         return [None for _ in futures]
 
     def cancel(self, futures):
-        pass
+        self.cancelled.extend(futures)
 
 
 def _gpu_cluster() -> FakeClient:
@@ -155,6 +169,8 @@ def test_a_payload_goes_once_to_each_node_not_to_each_rank(tmp_path):
     assert (name, digest) == ("payload-k.pkl", hashlib.sha256(b"x" * 1000).hexdigest())
     assert client.scattered == [(1000, ("tcp://gpu-a:4000",)), (1000, ("tcp://gpu-b:4000",))]
     assert client.submitted == [("store_file", ("tcp://gpu-a:4000",)), ("store_file", ("tcp://gpu-b:4000",))]
+    # finished, each is released, not cancelled (a cancel goes to every client: cluster/ranks.py, let_go)
+    assert all(future.released for future in client.futures) and not client.cancelled
 
 
 def test_a_rank_is_lost_with_its_dask_worker_or_its_silence_while_the_notebook_listens(tmp_path):

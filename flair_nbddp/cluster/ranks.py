@@ -39,9 +39,10 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import ClusterError, describe_exit
 from ..local_ranks import RENDEZVOUS_TIMEOUT_SECONDS, TERMINATE_GRACE_SECONDS
@@ -56,6 +57,7 @@ LOST_AFTER_SECONDS = 20.0  # a rank's task silent this long (it says something e
 CHECK_SECONDS = 1.0  # how often the cluster's membership is checked
 PAUSED_AFTER_SECONDS = 1.0  # a relay that took this long to come round again was held up by this process
 POLL_SECONDS = 0.1  # how often the ranks' queue is read
+TASKS_END_SECONDS = 2.0  # how long a closing group waits for its ranks' tasks to return before cancelling them
 
 
 class ClusterGroup:
@@ -162,7 +164,7 @@ class ClusterGroup:
                 f"({type(error).__name__}: {error}); check the workers' free disk space in their temporary directory"
             ) from None
         finally:
-            self.client.cancel(futures)
+            let_go(self.client, futures)
         return name, digest
 
     # -- relaying ---------------------------------------------------------------------------------
@@ -345,7 +347,7 @@ class ClusterGroup:
             if self._pump.is_alive():
                 self._pump.join(timeout=30)  # it may be using a rank's channel: no descriptor is closed twice
             with contextlib.suppress(Exception):
-                self.client.cancel(self._tasks)
+                let_go(self.client, self._tasks, wait=TASKS_END_SECONDS)
             with contextlib.suppress(Exception):
                 require_distributed().Variable(self.names["store"], client=self.client).delete()
             for queue in [self._up, *self._downs]:
@@ -385,6 +387,38 @@ def task_failure(rank: int, task: Any) -> Failed:
     error = task.exception()
     return Failed(rank, type(error).__name__, str(error),
                   "".join(traceback.format_exception(type(error), error, task.traceback())))  # fmt: skip
+
+
+def let_go(client: Any, futures: list, wait: float = 0.0) -> None:
+    """Drop ``futures``: release those that finished (within ``wait`` seconds) and cancel the rest.
+
+    Nothing finished is cancelled, because the scheduler reports every cancel to every client, and a client that
+    is registering at that moment fails to start: distributed's ``Client`` asserts that the scheduler's first
+    message to it comes alone. The client that failed would be a Dask worker's first (``get_client()``), made by a
+    rank starting there: on a worker that just joined, the rank would fail at once with an empty ``AssertionError``.
+
+    Example:
+        >>> class Done:  # a distributed.Future whose task returned
+        ...     released = False
+        ...     def done(self): return True
+        ...     def release(self): self.released = True
+        >>> class Client:
+        ...     cancelled = []
+        ...     def cancel(self, futures): self.cancelled.extend(futures)
+        >>> done, client = Done(), Client()
+        >>> let_go(client, [done])
+        >>> done.released, client.cancelled
+        (True, [])
+    """
+    if wait and futures:
+        with contextlib.suppress(Exception):  # distributed.wait's TimeoutError: some still run
+            require_distributed().wait(futures, timeout=wait)
+    running = [future for future in futures if not future.done()]
+    for future in futures:
+        if future.done():
+            future.release()
+    if running:
+        client.cancel(running)
 
 
 def cluster_group_factory(client: Any, placement: Placement) -> Callable[[RunDir], ClusterGroup]:
