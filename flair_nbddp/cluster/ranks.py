@@ -396,6 +396,7 @@ def let_go(client: Any, futures: list, wait: float = 0.0) -> None:
     is registering at that moment fails to start: distributed's ``Client`` asserts that the scheduler's first
     message to it comes alone. The client that failed would be a Dask worker's first (``get_client()``), made by a
     rank starting there: on a worker that just joined, the rank would fail at once with an empty ``AssertionError``.
+    (:meth:`ClusterGroup.terminate` still cancels the tasks of ranks that do not answer: they run.)
 
     Example:
         >>> class Done:  # a distributed.Future whose task returned
@@ -410,13 +411,14 @@ def let_go(client: Any, futures: list, wait: float = 0.0) -> None:
         >>> done.released, client.cancelled
         (True, [])
     """
-    if wait and futures:
-        with contextlib.suppress(Exception):  # distributed.wait's TimeoutError: some still run
-            require_distributed().wait(futures, timeout=wait)
-    running = [future for future in futures if not future.done()]
-    for future in futures:
-        if future.done():
+    deadline = time.monotonic() + wait
+    while not all(future.done() for future in futures) and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)  # each future's state follows its own client (distributed.wait asks the default)
+    finished = [future.done() for future in futures]
+    for future, done in zip(futures, finished):
+        if done:
             future.release()
+    running = [future for future, done in zip(futures, finished) if not done]
     if running:
         client.cancel(running)
 

@@ -271,7 +271,8 @@ def scale_gradients_together() -> None:
 
     Each product is the same multiplication, so the gradients are bit for bit flair's; what changes is the rank's
     CPU time: about 100 kernel launches a batch for a DistilBERT-sized model become one or two. In a world of one
-    rank the constant is 1, every product is its factor, and nothing is launched.
+    rank the constant is 1, every product is its factor (but for a NaN's payload, or a denormal where torch flushes
+    them, which flair does not ask for), and nothing is launched.
     """
     from flair.trainers import ModelTrainer
 
