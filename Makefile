@@ -24,8 +24,8 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	$(PY) -m flair_nbddp demo
 
-# two test processes (pytest-xdist), then the cluster tier on its own: beside the other tiers' load its Dask
-# workers once failed to start a restarted rank (README, Tests)
+# two test processes (pytest-xdist), then the cluster tier on its own, until runs in two processes have shown
+# the mend of its one failure there (a restarted rank's Dask client; README, Tests)
 test: venv
 	$(PY) -m pytest -q --durations=20 -n 2 -m "not cluster"
 	$(PY) -m pytest -q --durations=5 -m cluster

@@ -31,6 +31,8 @@ def _probe(hostname: str, gpus: int = 0, visible: str = "", runs: str = "/tmp/ru
 class FakeFuture(SimpleNamespace):
     """A ``distributed.Future`` whose task finished."""
 
+    released = False
+
     def done(self):
         return True
 

@@ -414,11 +414,12 @@ def let_go(client: Any, futures: list, wait: float = 0.0) -> None:
     deadline = time.monotonic() + wait
     while not all(future.done() for future in futures) and time.monotonic() < deadline:
         time.sleep(POLL_SECONDS)  # each future's state follows its own client (distributed.wait asks the default)
-    finished = [future.done() for future in futures]
-    for future, done in zip(futures, finished):
-        if done:
+    running = []
+    for future in futures:
+        if future.done():
             future.release()
-    running = [future for future, done in zip(futures, finished) if not done]
+        else:
+            running.append(future)
     if running:
         client.cancel(running)
 
