@@ -146,7 +146,8 @@ def timed_fine_tune(
 
 
 def profiled(train):
-    """Run ``train`` under cProfile and write its 30 costliest functions (own time) to ``$BENCH_PROFILE``."""
+    """Run ``train`` under cProfile and write its 30 costliest functions (own time) to ``$BENCH_PROFILE``, and the
+    whole profile beside it (``$BENCH_PROFILE.pstats``, for ``pstats``: callers, cumulative times)."""
     import cProfile
     import io
     import pstats
@@ -156,6 +157,7 @@ def profiled(train):
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
     Path(os.environ[PROFILE_ENV]).write_text(text.getvalue())
+    profile.dump_stats(f"{os.environ[PROFILE_ENV]}.pstats")
     return value
 
 
