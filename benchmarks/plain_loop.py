@@ -11,7 +11,9 @@ nothing is read back from the device but the loss every ``--sync-every`` batches
 Two modes, one after the other on the same device: ``train`` (dropout on, as flair fine-tunes) and ``eval``
 (``model.eval()``: no dropout, the loop of ``gpu_profile.py``'s ``pure`` mode, whose model ``from_pretrained``
 left in eval mode). ``--compile`` compiles the transformer with ``torch.compile``. Each prints samples/s over the
-epochs after the first five batches and the GPU's busy share.
+epochs after the first five batches and the GPU's busy share. ``--trace DIR`` traces batches 10-19 of the first
+mode's last epoch as ``throughput.py``'s ``BENCH_TRACE`` traces the kit's (``trace_gaps.py DIR`` reads both), so a
+flair step and a plain one can be set side by side; traced runs are slower, so take rates from runs without it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import os
 import time
 from pathlib import Path
 
-from throughput import IMDB_WORDS, GpuBusy, make_corpus, word_range
+from throughput import IMDB_WORDS, BatchTracer, GpuBusy, make_corpus, word_range
 
 BATCH = 32
 WARM_BATCHES = 5
@@ -46,10 +48,11 @@ def batches(model_path: str, docs: int, words: tuple[int, int], device: str) -> 
 
 def train(
     model_path: str, data: list[tuple], mode: str, precision: str, epochs: int, sync_every: int, device: str,
-    compiled: bool = False,
+    compiled: bool = False, trace: Path | None = None,
 ):
     """Samples/s of ``epochs`` epochs over ``data`` after the first batches, and when they ran; ``compiled``: the
-    transformer compiled with ``torch.compile`` (in the first batch, which is not counted)."""
+    transformer compiled with ``torch.compile`` (in the first batch, which is not counted); ``trace``: a folder
+    where batches 10-19 of the last epoch are traced (``throughput.py``'s ``BENCH_TRACE``, for ``trace_gaps.py``)."""
     import torch
     from transformers import AutoModel
 
@@ -66,8 +69,11 @@ def train(
     loss_fn = torch.nn.CrossEntropyLoss()
     step = samples = 0
     started = None
-    for _ in range(epochs):
-        for ids, mask, labels in data:
+    tracer = BatchTracer(trace) if trace else None
+    for epoch in range(epochs):
+        for batch_no, (ids, mask, labels) in enumerate(data):
+            if tracer and epoch == epochs - 1:
+                tracer.before(batch_no)
             with autocast:
                 hidden = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
                 loss = loss_fn(head(hidden[:, 0]).float(), labels)
@@ -78,6 +84,8 @@ def train(
             step += 1
             if step % sync_every == 0:
                 loss.item()
+            if tracer and epoch == epochs - 1:
+                tracer.after(batch_no)
             if step == WARM_BATCHES:
                 if device.startswith("cuda"):
                     torch.cuda.synchronize()
@@ -101,6 +109,8 @@ def main() -> None:
     parser.add_argument("--sync-every", type=int, default=1, help="read the loss back every N batches (flair: 1)")
     parser.add_argument("--compile", action="store_true", help="the transformer compiled with torch.compile")
     parser.add_argument("--workdir", default="/tmp/flair_nbddp-bench")
+    parser.add_argument("--trace", type=Path, default=None,
+                        help="a folder: batches 10-19 of the first mode's last epoch traced there, for trace_gaps.py")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from flair_nbddp.synthetic import tiny_transformer
@@ -110,7 +120,8 @@ def main() -> None:
     for mode in args.modes.split(","):
         busy = GpuBusy() if args.device.startswith("cuda") else None
         rate, start, end = train(model_path, data, mode, args.precision, args.epochs, args.sync_every, args.device,
-                                  args.compile)
+                                  args.compile, args.trace)
+        args.trace = None
         figures = {
             "loop": "plain", "mode": mode, "precision": args.precision, "samples_per_s": round(rate, 1),
             "gpu_busy_percent": busy.between(start, end) if busy else None, "size": args.size, "docs": args.docs,

@@ -190,16 +190,11 @@ def synchronizing_calls(train, batches, path: Path):
 
 
 def traced_batches(plugin_type: type, last_epoch: int, folder: Path):
-    """A trainer plugin recording ``TRACED_BATCHES`` of ``last_epoch`` with ``torch.profiler`` (CPU and CUDA
-    operators, each batch a ``batch#N`` range) while a thread samples every thread's Python stack each
-    millisecond. Writes ``trace.json.gz``, ``stacks.txt`` (collapsed stacks with their sample counts, per thread)
-    and ``operators.txt`` (the operators' costliest, by own CPU and own device time) to ``folder``."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
+    """A trainer plugin recording ``TRACED_BATCHES`` of ``last_epoch`` with a :class:`BatchTracer`."""
 
     class Traced(plugin_type):
         epoch = 0
-        profiler = batch = sampler = None
+        tracer = BatchTracer(folder)
 
         @plugin_type.hook
         def before_training_epoch(self, epoch, **_):
@@ -207,34 +202,59 @@ def traced_batches(plugin_type: type, last_epoch: int, folder: Path):
 
         @plugin_type.hook
         def before_training_batch(self, batch_no, **_):
-            if self.epoch == last_epoch and batch_no == TRACED_BATCHES.start:
-                activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-                self.profiler = profile(activities=activities)
-                self.profiler.__enter__()
-                self.sampler = StackSampler()
-            if self.profiler is not None:
-                self.batch = record_function(f"batch#{batch_no}")
-                self.batch.__enter__()
+            if self.epoch == last_epoch:
+                self.tracer.before(batch_no)
 
         @plugin_type.hook
         def after_training_batch(self, batch_no, **_):
-            if self.profiler is None:
-                return
-            self.batch.__exit__(None, None, None)
-            if batch_no + 1 == TRACED_BATCHES.stop:
-                profiler, self.profiler = self.profiler, None
-                profiler.__exit__(None, None, None)
-                folder.mkdir(parents=True, exist_ok=True)
-                (folder / "stacks.txt").write_text(self.sampler.collapsed())
-                profiler.export_chrome_trace(str(folder / "trace.json.gz"))
-                averages = profiler.key_averages()
-                device_key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-                (folder / "operators.txt").write_text(
-                    averages.table(sort_by="self_cpu_time_total", row_limit=40) + "\n"
-                    + averages.table(sort_by=device_key, row_limit=40)
-                )
+            if self.epoch == last_epoch:
+                self.tracer.after(batch_no)
 
     return Traced()
+
+
+class BatchTracer:
+    """Records batches ``TRACED_BATCHES`` with ``torch.profiler`` (CPU and CUDA operators, each batch a
+    ``batch#N`` range) while a :class:`StackSampler` samples every thread's Python stack each millisecond. Writes
+    ``trace.json.gz``, ``stacks.txt`` (collapsed stacks with their sample counts, per thread) and ``operators.txt``
+    (the operators' costliest, by own CPU and own device time) to ``folder`` for ``trace_gaps.py``. Call
+    ``before(n)`` and ``after(n)`` around every batch ``n`` of the epoch to trace."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.profiler = self.batch = self.sampler = None
+
+    def before(self, batch_no: int) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        if batch_no == TRACED_BATCHES.start:
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+            self.profiler = profile(activities=activities)
+            self.profiler.__enter__()
+            self.sampler = StackSampler()
+        if self.profiler is not None:
+            self.batch = record_function(f"batch#{batch_no}")
+            self.batch.__enter__()
+
+    def after(self, batch_no: int) -> None:
+        import torch
+
+        if self.profiler is None:
+            return
+        self.batch.__exit__(None, None, None)
+        if batch_no + 1 == TRACED_BATCHES.stop:
+            profiler, self.profiler = self.profiler, None
+            profiler.__exit__(None, None, None)
+            self.folder.mkdir(parents=True, exist_ok=True)
+            (self.folder / "stacks.txt").write_text(self.sampler.collapsed())
+            profiler.export_chrome_trace(str(self.folder / "trace.json.gz"))
+            averages = profiler.key_averages()
+            device_key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+            (self.folder / "operators.txt").write_text(
+                averages.table(sort_by="self_cpu_time_total", row_limit=40) + "\n"
+                + averages.table(sort_by=device_key, row_limit=40)
+            )
 
 
 class StackSampler:
