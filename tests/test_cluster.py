@@ -252,6 +252,7 @@ def test_a_pool_on_the_cluster_keeps_its_ranks_the_corpus_put_on_it_and_its_enco
         assert first.value[:2] == second.value[:2] == (0, 120)
         assert first.value[2] == second.value[2]  # rank 0's process stayed warm between the jobs
         assert [rank.pid for rank in first.ranks] == [rank.pid for rank in second.ranks]
+        assert pool.pids == [rank.pid for rank in second.ranks]  # forked ranks included (their pid comes later)
         assert {rank.worker for rank in second.ranks} == set(client.nthreads())
         assert len(cluster.kit_processes()) == 2
         # inputs built once on the cluster too: each sentence tokenized once in 3 epochs, none in the next job

@@ -232,3 +232,25 @@ def test_a_ranks_process_group_stays_on_its_dask_workers_interface(monkeypatch):
     assert env["OMP_NUM_THREADS"] == "4"  # the cores its Dask worker was given
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "0")  # the cluster's own choice stays
     assert "MALLOC_TRIM_THRESHOLD_" not in rank_environment(site, 2, ("127.0.0.1", 29500), threads=4)
+
+
+def test_a_rank_forked_after_its_host_started_sends_its_pid_once_it_has_one():
+    import pickle
+    import threading
+
+    from flair_nbddp.cluster.rank_host import Site, _RankHost
+
+    sent = []
+    host = object.__new__(_RankHost)  # the relay's state, without a Dask worker around it
+    host.site = Site(1, "tcp://127.0.0.1:4000", "box", "127.0.0.1", "box/b/r", "cpu", 1, 2)
+    host.up = SimpleNamespace(put=lambda data: sent.append(pickle.loads(data)))
+    host.processes = [SimpleNamespace(pid=None)]  # a PendingWorker whose fork server is not ready yet
+    host.lock, host.tails, host.pending, host.stacks, host.job_key = threading.Lock(), {}, [], None, None
+    host.last_sent, host.pid_sent = 0.0, False
+    host._put(SimpleNamespace(rank=1, pid=host._new_pid()))  # what start() sends
+    host.last_sent = time.monotonic()
+    host._send(final=False)  # nothing new: nothing sent
+    host.processes[0].pid = 4242  # the server forked it
+    host._send(final=False)
+    host._send(final=False)
+    assert [batch.pid for batch in sent] == [None, 4242]

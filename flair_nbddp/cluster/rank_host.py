@@ -236,6 +236,7 @@ class _RankHost:
         self.stacks: str | None = None
         self.lock = threading.Lock()
         self.last_sent = 0.0
+        self.pid_sent = False
         self.hostname = socket.gethostname()
 
     # -- start ------------------------------------------------------------------------------------
@@ -258,7 +259,7 @@ class _RankHost:
         finally:
             if listener is not None:
                 listener.close()
-        self._put(Batch(self.site.rank, pid=self.processes[0].pid))
+        self._put(Batch(self.site.rank, pid=self._new_pid()))
 
     # -- down -------------------------------------------------------------------------------------
     def listen(self) -> None:
@@ -380,8 +381,19 @@ class _RankHost:
             events, self.pending = self.pending, []
             stacks, self.stacks = self.stacks, None
             key = self.job_key
-        if logs or events or stacks is not None or final or time.monotonic() - self.last_sent > KEEPALIVE_SECONDS:
-            self._put(Batch(self.site.rank, key, logs, events, stacks=stacks))
+        pid = self._new_pid()
+        due = final or time.monotonic() - self.last_sent > KEEPALIVE_SECONDS
+        if logs or events or stacks is not None or pid is not None or due:
+            self._put(Batch(self.site.rank, key, logs, events, stacks=stacks, pid=pid))
+
+    def _new_pid(self) -> int | None:
+        """The worker process's id the first time it is known, else None: a CPU rank forked from its node's fork
+        server has none until the server is ready, after ``start`` sent its first batch."""
+        if self.pid_sent:
+            return None
+        pid = self.processes[0].pid
+        self.pid_sent = pid is not None
+        return pid
 
     def _put(self, batch: Batch) -> None:
         self.up.put(pickle.dumps(batch))
