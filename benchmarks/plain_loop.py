@@ -24,7 +24,7 @@ import os
 import time
 from pathlib import Path
 
-from throughput import IMDB_WORDS, BatchTracer, GpuBusy, make_corpus, word_range
+from throughput import IMDB_WORDS, TRACED_BATCHES, BatchTracer, GpuBusy, make_corpus, word_range
 
 BATCH = 32
 WARM_BATCHES = 5
@@ -69,10 +69,13 @@ def train(
     loss_fn = torch.nn.CrossEntropyLoss()
     step = samples = 0
     started = None
-    tracer = BatchTracer(trace) if trace else None
+    if trace and len(data) < TRACED_BATCHES.stop:
+        raise SystemExit(f"--trace records batches {TRACED_BATCHES.start}-{TRACED_BATCHES.stop - 1} of the last epoch: "
+                         f"give --docs of at least {TRACED_BATCHES.stop * BATCH}")
     for epoch in range(epochs):
+        tracer = BatchTracer(trace) if trace and epoch == epochs - 1 else None
         for batch_no, (ids, mask, labels) in enumerate(data):
-            if tracer and epoch == epochs - 1:
+            if tracer:
                 tracer.before(batch_no)
             with autocast:
                 hidden = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
@@ -84,7 +87,7 @@ def train(
             step += 1
             if step % sync_every == 0:
                 loss.item()
-            if tracer and epoch == epochs - 1:
+            if tracer:
                 tracer.after(batch_no)
             if step == WARM_BATCHES:
                 if device.startswith("cuda"):

@@ -221,25 +221,25 @@ class BatchTracer:
     ``before(n)`` and ``after(n)`` around every batch ``n`` of the epoch to trace."""
 
     def __init__(self, folder: Path) -> None:
-        self.folder = folder
+        import torch
+        from torch import profiler
+
+        self.folder, self._torch, self._profiler = folder, torch, profiler
         self.profiler = self.batch = self.sampler = None
 
     def before(self, batch_no: int) -> None:
-        import torch
-        from torch.profiler import ProfilerActivity, profile, record_function
-
+        torch, activity = self._torch, self._profiler.ProfilerActivity
         if batch_no == TRACED_BATCHES.start:
-            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-            self.profiler = profile(activities=activities)
+            activities = [activity.CPU] + ([activity.CUDA] if torch.cuda.is_available() else [])
+            self.profiler = self._profiler.profile(activities=activities)
             self.profiler.__enter__()
             self.sampler = StackSampler()
         if self.profiler is not None:
-            self.batch = record_function(f"batch#{batch_no}")
+            self.batch = self._profiler.record_function(f"batch#{batch_no}")
             self.batch.__enter__()
 
     def after(self, batch_no: int) -> None:
-        import torch
-
+        torch = self._torch
         if self.profiler is None:
             return
         self.batch.__exit__(None, None, None)

@@ -87,6 +87,11 @@ class PendingWorker:
     def pid(self) -> int | None:
         """The process's id once it started (waiting for that); None if it never did."""
         self._settled.wait()
+        return self.started_pid
+
+    @property
+    def started_pid(self) -> int | None:
+        """The process's id if it has started, without waiting: None while it is pending or if it never started."""
         return None if self._process is None else self._process.pid
 
     def poll(self) -> int | None:

@@ -234,23 +234,32 @@ def test_a_ranks_process_group_stays_on_its_dask_workers_interface(monkeypatch):
     assert "MALLOC_TRIM_THRESHOLD_" not in rank_environment(site, 2, ("127.0.0.1", 29500), threads=4)
 
 
-def test_a_rank_forked_after_its_host_started_sends_its_pid_once_it_has_one():
+def test_a_rank_host_waiting_for_its_fork_server_goes_on_and_sends_the_pid_once_the_rank_is_forked():
     import pickle
     import threading
 
     from flair_nbddp.cluster.rank_host import Site, _RankHost
+    from flair_nbddp.pending_worker import PendingWorker
 
+    ready = threading.Event()
+    server = SimpleNamespace(ready=True, wait_ready=lambda timeout: ready.wait(timeout))  # still importing
+    forked = SimpleNamespace(pid=4242)
+    pending = PendingWorker(server, fork=lambda: forked, fresh=lambda: None, note=print, release=lambda: None)
     sent = []
     host = object.__new__(_RankHost)  # the relay's state, without a Dask worker around it
     host.site = Site(1, "tcp://127.0.0.1:4000", "box", "127.0.0.1", "box/b/r", "cpu", 1, 2)
     host.up = SimpleNamespace(put=lambda data: sent.append(pickle.loads(data)))
-    host.processes = [SimpleNamespace(pid=None)]  # a PendingWorker whose fork server is not ready yet
+    host.processes = [pending]
     host.lock, host.tails, host.pending, host.stacks, host.job_key = threading.Lock(), {}, [], None, None
     host.last_sent, host.pid_sent = 0.0, False
-    host._put(SimpleNamespace(rank=1, pid=host._new_pid()))  # what start() sends
+    asking = threading.Thread(target=lambda: sent.append(host._new_pid()), daemon=True)  # what start() sends
+    asking.start()
+    asking.join(timeout=10)
+    assert not asking.is_alive() and sent == [None]  # answered at once: the relay is not held up meanwhile
     host.last_sent = time.monotonic()
     host._send(final=False)  # nothing new: nothing sent
-    host.processes[0].pid = 4242  # the server forked it
+    ready.set()
+    assert pending.pid == 4242  # forked now
     host._send(final=False)
     host._send(final=False)
-    assert [batch.pid for batch in sent] == [None, 4242]
+    assert [batch.pid for batch in sent[1:]] == [4242]  # sent once

@@ -44,7 +44,7 @@ from ..local_ranks import (
     TERMINATE_GRACE_SECONDS,
     spawn_worker,
 )
-from ..pending_worker import signal_group
+from ..pending_worker import PendingWorker, signal_group
 from ..rundir import RunDir, runs_root
 from ..wire.events import (
     Failed,
@@ -387,11 +387,13 @@ class _RankHost:
             self._put(Batch(self.site.rank, key, logs, events, stacks=stacks, pid=pid))
 
     def _new_pid(self) -> int | None:
-        """The worker process's id the first time it is known, else None: a CPU rank forked from its node's fork
-        server has none until the server is ready, after ``start`` sent its first batch."""
+        """The worker process's id the first time it is known, else None, without waiting: a CPU rank forked from
+        its node's fork server has none until the server is ready (up to minutes on a first launch), and meanwhile
+        the relay must go on saying the rank is there."""
         if self.pid_sent:
             return None
-        pid = self.processes[0].pid
+        process = self.processes[0]
+        pid = process.started_pid if isinstance(process, PendingWorker) else process.pid
         self.pid_sent = pid is not None
         return pid
 
