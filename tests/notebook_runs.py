@@ -119,7 +119,7 @@ class Nbval:
 
 def _cells_by_notebook(report: Path) -> dict[str, dict[str, str | None]]:
     """nbval's JUnit report: for each notebook, each cell run, None where it passed, else its failure."""
-    import xml.etree.ElementTree as ElementTree
+    from xml.etree import ElementTree
 
     cells: dict[str, dict[str, str | None]] = {}
     for case in ElementTree.parse(report).iter("testcase"):

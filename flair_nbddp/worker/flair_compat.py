@@ -303,7 +303,7 @@ def bend_flair_launcher_for_cpu(processes: int) -> None:
     import os
 
     import flair
-    import flair.distributed_utils as distributed_utils
+    from flair import distributed_utils
     from torch.distributed import init_process_group
 
     def ddp_setup(rank: int, world_size: int) -> None:
