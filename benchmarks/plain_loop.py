@@ -69,9 +69,6 @@ def train(
     loss_fn = torch.nn.CrossEntropyLoss()
     step = samples = 0
     started = None
-    if trace and len(data) < TRACED_BATCHES.stop:
-        raise SystemExit(f"--trace records batches {TRACED_BATCHES.start}-{TRACED_BATCHES.stop - 1} of the last epoch: "
-                         f"give --docs of at least {TRACED_BATCHES.stop * BATCH}")
     for epoch in range(epochs):
         tracer = BatchTracer(trace) if trace and epoch == epochs - 1 else None
         for batch_no, (ids, mask, labels) in enumerate(data):
@@ -115,6 +112,9 @@ def main() -> None:
     parser.add_argument("--trace", type=Path, default=None,
                         help="a folder: batches 10-19 of the first mode's last epoch traced there, for trace_gaps.py")
     args = parser.parse_args()
+    if args.trace and args.docs < TRACED_BATCHES.stop * BATCH:  # before a model is built or loaded
+        parser.error(f"--trace records batches {TRACED_BATCHES.start}-{TRACED_BATCHES.stop - 1} of the last epoch: "
+                     f"give --docs of at least {TRACED_BATCHES.stop * BATCH}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from flair_nbddp.synthetic import tiny_transformer
 

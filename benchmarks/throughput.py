@@ -224,22 +224,21 @@ class BatchTracer:
         import torch
         from torch import profiler
 
-        self.folder, self._torch, self._profiler = folder, torch, profiler
+        self.folder, self._torch_profiler, self._cuda = folder, profiler, torch.cuda.is_available()
         self.profiler = self.batch = self.sampler = None
 
     def before(self, batch_no: int) -> None:
-        torch, activity = self._torch, self._profiler.ProfilerActivity
         if batch_no == TRACED_BATCHES.start:
-            activities = [activity.CPU] + ([activity.CUDA] if torch.cuda.is_available() else [])
-            self.profiler = self._profiler.profile(activities=activities)
+            activity = self._torch_profiler.ProfilerActivity
+            activities = [activity.CPU, *([activity.CUDA] if self._cuda else [])]
+            self.profiler = self._torch_profiler.profile(activities=activities)
             self.profiler.__enter__()
             self.sampler = StackSampler()
         if self.profiler is not None:
-            self.batch = self._profiler.record_function(f"batch#{batch_no}")
+            self.batch = self._torch_profiler.record_function(f"batch#{batch_no}")
             self.batch.__enter__()
 
     def after(self, batch_no: int) -> None:
-        torch = self._torch
         if self.profiler is None:
             return
         self.batch.__exit__(None, None, None)
@@ -250,7 +249,7 @@ class BatchTracer:
             (self.folder / "stacks.txt").write_text(self.sampler.collapsed())
             profiler.export_chrome_trace(str(self.folder / "trace.json.gz"))
             averages = profiler.key_averages()
-            device_key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+            device_key = "self_cuda_time_total" if self._cuda else "self_cpu_time_total"
             (self.folder / "operators.txt").write_text(
                 averages.table(sort_by="self_cpu_time_total", row_limit=40) + "\n"
                 + averages.table(sort_by=device_key, row_limit=40)
