@@ -1,0 +1,100 @@
+"""A training thread's time holding the GIL, per batch and by phase of its loop, from py-spy's samples.
+
+The stack sampler of ``BENCH_TRACE`` runs in the traced process and can only sample while the training thread
+lets go of the GIL; py-spy samples from outside, and with ``--gil`` keeps just the samples of the thread that
+holds the GIL: the Python (and the operator dispatch it calls) that a batch costs the CPU. Record a run with::
+
+    py-spy record --gil --threads --subprocesses --nonblocking --rate 500 --format speedscope -o kit.json -- \\
+        python benchmarks/throughput.py --launcher kit --device cuda --size distilbert --docs 4000 --words 230 \\
+        --epochs 3 --precision bf16
+    python benchmarks/gil_per_batch.py kit.json --batches 375 --loop train_custom
+
+    py-spy record ... -o plain.json -- python benchmarks/plain_loop.py --precision bf16 --modes train --epochs 2
+    python benchmarks/gil_per_batch.py plain.json --batches 250 --loop train
+
+The training thread is the thread, of any process in the file, with the most samples inside the function
+``--loop``; its samples inside that loop, and inside none of the functions ``--skip`` (an epoch's evaluation
+and model saving, by default), are divided by ``--batches``. Printed: that total in ms a batch, the same by the
+frame the loop called (file:line), by the innermost frame, and every other thread of that process with its
+GIL-held ms a batch over the whole run (threads contending for the GIL with the training).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+from pathlib import Path
+
+SKIPPED = "evaluate,_save_model,save,_publish_eval_result"
+
+
+def frame_name(frame: dict) -> str:
+    """``function (file:line)``, the file from its package's folder on."""
+    path = frame["file"].rsplit("site-packages/", 1)[-1]
+    for folder in ("/flair_nbddp/", "/benchmarks/"):
+        if folder in path:
+            path = folder[1:] + path.rsplit(folder, 1)[-1]
+    return f"{frame['name']} ({path}:{frame['line']})"
+
+
+def thread_samples(profile: dict) -> list[tuple[list[int], float]]:
+    return list(zip(profile["samples"], profile["weights"], strict=True))
+
+
+def report(path: Path, batches: int, loop: str, skip: set[str], rows: int) -> str:
+    data = json.loads(path.read_text())
+    frames = data["shared"]["frames"]
+
+    def inside_loop(stack: list[int]) -> int | None:
+        """The index in ``stack`` of the innermost frame of ``loop`` (py-spy names methods ``Class.name``; the
+        innermost, since wrappers of that name call it), None when the sample is outside it."""
+        names = [frames[frame]["name"] for frame in stack]
+        return next((index for index in reversed(range(len(names))) if names[index].rsplit(".", 1)[-1] == loop), None)
+
+    def loop_seconds(profile: dict) -> float:
+        return sum(weight for stack, weight in thread_samples(profile) if inside_loop(stack) is not None)
+
+    training = max(data["profiles"], key=loop_seconds)
+    if loop_seconds(training) == 0:
+        raise SystemExit(f"{path}: no thread has samples inside a function named {loop!r}")
+    phases: collections.Counter = collections.Counter()
+    innermost: collections.Counter = collections.Counter()
+    for stack, weight in thread_samples(training):
+        at = inside_loop(stack)
+        if at is None or any(frames[frame]["name"].rsplit(".", 1)[-1] in skip for frame in stack[at:]):
+            continue
+        called = stack[at + 1] if at + 1 < len(stack) else stack[at]
+        phases[frame_name(frames[called])] += weight
+        innermost[frame_name(frames[stack[-1]])] += weight
+    per_batch = 1000 / batches
+    lines = [
+        f"{training['name']}: {sum(phases.values()) * per_batch:.2f} ms a batch holding the GIL inside {loop}"
+        f" ({batches} batches; skipped: {', '.join(sorted(skip))})",
+        "  by the frame the loop called:",
+        *(f"  {seconds * per_batch:8.3f} ms  {name}" for name, seconds in phases.most_common(rows)),
+        "  by the innermost frame:",
+        *(f"  {seconds * per_batch:8.3f} ms  {name}" for name, seconds in innermost.most_common(rows)),
+        "other threads of that process, over the whole run:",
+    ]
+    process = training["name"].split(" Thread ")[0]
+    for profile in data["profiles"]:
+        if profile is not training and profile["name"].startswith(process + " "):
+            seconds = sum(profile["weights"])
+            lines.append(f"  {seconds * per_batch:8.3f} ms a batch  {profile['name']}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("speedscope", type=Path, help="py-spy record --gil --threads --format speedscope output")
+    parser.add_argument("--batches", type=int, required=True, help="training batches the run made")
+    parser.add_argument("--loop", default="train_custom", help="the function whose loop trains (flair's: train_custom)")
+    parser.add_argument("--skip", default=SKIPPED, help="comma-separated functions whose samples are not the loop's")
+    parser.add_argument("--rows", type=int, default=25)
+    args = parser.parse_args()
+    print(report(args.speedscope, args.batches, args.loop, set(filter(None, args.skip.split(","))), args.rows))
+
+
+if __name__ == "__main__":
+    main()
