@@ -29,20 +29,20 @@ from pathlib import Path
 SKIPPED = "evaluate,_save_model,save,_publish_eval_result"
 
 
-def frame_name(frame: dict) -> str:
-    """``function (file:line)``, the file from its package's folder on."""
+def frame_name(frame: dict, line: bool = True) -> str:
+    """``function (file:line)``, the file from its package's folder on (without the line: ``function (file)``)."""
     path = frame["file"].rsplit("site-packages/", 1)[-1]
     for folder in ("/flair_nbddp/", "/benchmarks/"):
         if folder in path:
             path = folder[1:] + path.rsplit(folder, 1)[-1]
-    return f"{frame['name']} ({path}:{frame['line']})"
+    return f"{frame['name']} ({path}:{frame['line']})" if line else f"{frame['name']} ({path})"
 
 
 def thread_samples(profile: dict) -> list[tuple[list[int], float]]:
     return list(zip(profile["samples"], profile["weights"], strict=True))
 
 
-def report(path: Path, batches: int, loop: str, skip: set[str], rows: int) -> str:
+def report(path: Path, batches: int, loop: str, skip: set[str], rows: int, depth: int, least: float) -> str:
     data = json.loads(path.read_text())
     frames = data["shared"]["frames"]
 
@@ -58,21 +58,33 @@ def report(path: Path, batches: int, loop: str, skip: set[str], rows: int) -> st
     training = max(data["profiles"], key=loop_seconds)
     if loop_seconds(training) == 0:
         raise SystemExit(f"{path}: no thread has samples inside a function named {loop!r}")
-    phases: collections.Counter = collections.Counter()
+    tree: dict = {}  # frame name -> [seconds, subtree]
     innermost: collections.Counter = collections.Counter()
     for stack, weight in thread_samples(training):
         at = inside_loop(stack)
         if at is None or any(frames[frame]["name"].rsplit(".", 1)[-1] in skip for frame in stack[at:]):
             continue
-        called = stack[at + 1] if at + 1 < len(stack) else stack[at]
-        phases[frame_name(frames[called])] += weight
+        node = tree
+        for frame in stack[at + 1 : at + 1 + depth] or stack[at:]:
+            entry = node.setdefault(frame_name(frames[frame], line=False), [0.0, {}])
+            entry[0] += weight
+            node = entry[1]
         innermost[frame_name(frames[stack[-1]])] += weight
     per_batch = 1000 / batches
+
+    def branches(node: dict, indent: str) -> list[str]:
+        shown = [(name, entry) for name, entry in node.items() if entry[0] * per_batch >= least]
+        return [
+            line
+            for name, (seconds, below) in sorted(shown, key=lambda item: -item[1][0])
+            for line in (f"  {seconds * per_batch:8.3f} ms  {indent}{name}", *branches(below, indent + "  "))
+        ]
+
     lines = [
-        f"{training['name']}: {sum(phases.values()) * per_batch:.2f} ms a batch holding the GIL inside {loop}"
-        f" ({batches} batches; skipped: {', '.join(sorted(skip))})",
-        "  by the frame the loop called:",
-        *(f"  {seconds * per_batch:8.3f} ms  {name}" for name, seconds in phases.most_common(rows)),
+        f"{training['name']}: {sum(entry[0] for entry in tree.values()) * per_batch:.2f} ms a batch holding the GIL"
+        f" inside {loop} ({batches} batches; skipped: {', '.join(sorted(skip))})",
+        f"  by the frames the loop called, {depth} deep (each at least {least} ms a batch):",
+        *branches(tree, ""),
         "  by the innermost frame:",
         *(f"  {seconds * per_batch:8.3f} ms  {name}" for name, seconds in innermost.most_common(rows)),
         "other threads of that process, over the whole run:",
@@ -91,9 +103,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, required=True, help="training batches the run made")
     parser.add_argument("--loop", default="train_custom", help="the function whose loop trains (flair's: train_custom)")
     parser.add_argument("--skip", default=SKIPPED, help="comma-separated functions whose samples are not the loop's")
-    parser.add_argument("--rows", type=int, default=25)
+    parser.add_argument("--rows", type=int, default=25, help="innermost frames shown")
+    parser.add_argument("--depth", type=int, default=1, help="levels of the call tree below the loop shown")
+    parser.add_argument("--least", type=float, default=0.05, help="the call tree's smallest node shown, ms a batch")
     args = parser.parse_args()
-    print(report(args.speedscope, args.batches, args.loop, set(filter(None, args.skip.split(","))), args.rows))
+    print(report(args.speedscope, args.batches, args.loop, set(filter(None, args.skip.split(","))), args.rows, args.depth, args.least))
 
 
 if __name__ == "__main__":

@@ -325,18 +325,21 @@ def test_the_input_thread_spends_nothing_on_sentences_it_saw_kept(models, fast, 
     settings = fast_inputs._settings(embedding)
     input_thread.watch(embedding, fast_inputs.store_for(embedding.tokenizer, settings), settings)
     sentences = _sentences("text", count=10)
-    named = []
-    monkeypatch.setattr(input_thread, "key", lambda words: named.append(words) or key(words))
-    input_thread.tokenize_ahead(sentences[:5])  # an epoch's first batch: named, tokenized, kept
+    looked_at = []
+    holds = fast_inputs.Store.holds
+    monkeypatch.setattr(fast_inputs.Store, "holds", lambda store, keys: looked_at.extend(keys) or holds(store, keys))
+    input_thread.tokenize_ahead(sentences[:5])  # an epoch's first batch: looked up, tokenized, kept
+    seen = len(looked_at)
     input_thread.tokenize_ahead(sentences[:5])  # the same sentences in the next epoch: nothing to do
-    assert len(named) == 5 and fast_inputs.kept_sentences() == 5
+    assert len(looked_at) == seen and fast_inputs.kept_sentences() == 5
     input_thread.tokenize_ahead(sentences[3:8])  # only the three it has not seen
-    assert len(named) == 8 and fast_inputs.kept_sentences() == 8
+    assert set(looked_at[seen:]) == {key([t.text for t in point]) for point in sentences[5:8]}
+    assert fast_inputs.kept_sentences() == 8
     fast_inputs._STORES.clear()  # its store let go (full): the marks name a store that is gone
     fast_inputs.start_job(True, ahead=True)
     input_thread.watch(embedding, fast_inputs.store_for(embedding.tokenizer, settings), settings)
     input_thread.tokenize_ahead(sentences[:5])
-    assert len(named) == 13 and fast_inputs.kept_sentences() == 5
+    assert fast_inputs.kept_sentences() == 5
 
 
 def test_a_reader_ends_its_thread_when_the_trainer_leaves_an_epoch_early_and_raises_what_reading_raised():

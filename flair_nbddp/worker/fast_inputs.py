@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from . import input_thread, no_waits
-from .kept_inputs import Row, Store, key
+from .kept_inputs import Row, Store, sentence_key
 from .word_pieces import WordPieces
 
 _BUILD = "_TransformerBaseEmbeddings__build_transformer_model_inputs"  # flair's private method, name-mangled
@@ -72,7 +72,7 @@ def install() -> None:
             settings = _settings(self)
             input_thread.watch(self, store_for(self.tokenizer, settings), settings)
         real = self.tokenizer
-        caching = self.__dict__["tokenizer"] = CachingTokenizer(real, keep_word_ids=bool(self.token_embedding))
+        caching = self.__dict__["tokenizer"] = CachingTokenizer(real, sentences, keep_word_ids=bool(self.token_embedding))
         try:
             inputs = original(self, sentences, offsets, lengths, flair_tokens, device)
         finally:
@@ -266,11 +266,12 @@ def _notice(name: str, text: str) -> None:
 
 
 class CachingTokenizer:
-    """Stands in for a fast tokenizer during one of flair's input builds: answers flair's batch call from the kept
-    encodings (tokenizing the sentences not kept yet), and passes every other attribute to the real tokenizer."""
+    """Stands in for a fast tokenizer during one of flair's input builds for ``sentences``: answers flair's batch
+    call (their words, one list a sentence) from the kept encodings (tokenizing the sentences not kept yet), and
+    passes every other attribute to the real tokenizer."""
 
-    def __init__(self, real: Any, keep_word_ids: bool) -> None:
-        self._real, self._keep_word_ids = real, keep_word_ids
+    def __init__(self, real: Any, sentences: list, keep_word_ids: bool) -> None:
+        self._real, self._sentences, self._keep_word_ids = real, sentences, keep_word_ids
         self.mask_all_ones: bool | None = None  # whether the attention mask of the batch it built is all ones
 
     def __getattr__(self, name: str) -> Any:
@@ -282,7 +283,7 @@ class CachingTokenizer:
     ) -> Any:  # fmt: skip
         settings = Settings(stride, return_overflowing_tokens, truncation, self._keep_word_ids)
         store = store_for(self._real, settings)
-        keys = [key(sentence) for sentence in words]
+        keys = [sentence_key(sentence, its_words) for sentence, its_words in zip(self._sentences, words, strict=True)]
         found = store.rows(keys)
         input_thread.count_hits(keys, found)
         missing = [index for index, rows in enumerate(found) if rows is None]

@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from .kept_inputs import key
+from .kept_inputs import sentence_key
 
 _USELESS_AFTER = 3  # batches tokenized ahead for an embedding of which flair used nothing: the thread stops
 _KEPT = "_flair_nbddp_kept"  # on a sentence the thread saw kept: the serials of the stores that hold it
@@ -98,7 +98,7 @@ def tokenize_ahead(batch: list) -> None:
         if not fresh:
             continue
         words = [[token.text for token in point.tokens] for point in fresh]
-        keys = [key(sentence) for sentence in words]
+        keys = [sentence_key(point, its_words) for point, its_words in zip(fresh, words, strict=True)]
         missing = [index for index, held in enumerate(watch_.store.holds(keys)) if not held]
         if missing:
             chosen = [keys[index] for index in missing]
