@@ -1,16 +1,18 @@
-"""A training thread's time holding the GIL, per batch and by phase of its loop, from py-spy's samples.
+"""A training thread's time per batch, by phase of its loop, from py-spy's samples of it.
 
 The stack sampler of ``BENCH_TRACE`` runs in the traced process and can only sample while the training thread
-lets go of the GIL; py-spy samples from outside, and with ``--gil`` keeps just the samples of the thread that
-holds the GIL: the Python (and the operator dispatch it calls) that a batch costs the CPU. Record a run with::
+lets go of the GIL; py-spy samples from outside. With ``--gil`` it keeps just the samples of the thread that holds
+the GIL: the Python a batch costs (torch lets go of the GIL inside its operators). With ``--idle`` it keeps every
+sample: the thread's wall time, waits and operators included, each put on the Python line that called them.
+Record a run with::
 
     py-spy record --gil --threads --subprocesses --nonblocking --rate 500 --format speedscope -o kit.json -- \\
         python benchmarks/throughput.py --launcher kit --device cuda --size distilbert --docs 4000 --words 230 \\
         --epochs 3 --precision bf16
-    python benchmarks/gil_per_batch.py kit.json --batches 375 --loop train_custom
+    python benchmarks/spy_per_batch.py kit.json --batches 375 --loop train_custom
 
     py-spy record ... -o plain.json -- python benchmarks/plain_loop.py --precision bf16 --modes train --epochs 2
-    python benchmarks/gil_per_batch.py plain.json --batches 250 --loop train
+    python benchmarks/spy_per_batch.py plain.json --batches 250 --loop train
 
 The training thread is the thread, of any process in the file, with the most samples inside the function
 ``--loop``; its samples inside that loop, and inside none of the functions ``--skip`` (an epoch's evaluation
@@ -81,7 +83,7 @@ def report(path: Path, batches: int, loop: str, skip: set[str], rows: int, depth
         ]
 
     lines = [
-        f"{training['name']}: {sum(entry[0] for entry in tree.values()) * per_batch:.2f} ms a batch holding the GIL"
+        f"{training['name']}: {sum(entry[0] for entry in tree.values()) * per_batch:.2f} ms a batch in py-spy's samples"
         f" inside {loop} ({batches} batches; skipped: {', '.join(sorted(skip))})",
         f"  by the frames the loop called, {depth} deep (each at least {least} ms a batch):",
         *branches(tree, ""),
@@ -99,7 +101,7 @@ def report(path: Path, batches: int, loop: str, skip: set[str], rows: int, depth
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("speedscope", type=Path, help="py-spy record --gil --threads --format speedscope output")
+    parser.add_argument("speedscope", type=Path, help="py-spy record --threads --format speedscope output")
     parser.add_argument("--batches", type=int, required=True, help="training batches the run made")
     parser.add_argument("--loop", default="train_custom", help="the function whose loop trains (flair's: train_custom)")
     parser.add_argument("--skip", default=SKIPPED, help="comma-separated functions whose samples are not the loop's")
