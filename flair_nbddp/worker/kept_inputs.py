@@ -353,8 +353,9 @@ def sentence_key(sentence: Any, words: list[str]) -> bytes:
     remembered while the sentence lives: named again only when its words differ from those it was named by.
 
     Comparing them costs a pointer a word while the sentence's tokens are unchanged (flair hands out the same text
-    objects each time), against hashing every character of the sentence: a 230-word review is named in about 1 us
-    instead of 10 us, 32 of them in every batch.
+    objects each time), against hashing every character of the sentence: 32 reviews of 230 words are named in
+    0.05 ms instead of 0.26 ms, in every batch. Remembering costs a list of references to the words, 8 bytes a word,
+    until the sentence is gone (a lazy corpus's sentences are gone after their batch).
 
     Example:
         >>> from flair.data import Sentence
