@@ -9,22 +9,27 @@ Record a run with::
     py-spy record --gil --threads --subprocesses --nonblocking --rate 500 --format speedscope -o kit.json -- \\
         python benchmarks/throughput.py --launcher kit --device cuda --size distilbert --docs 4000 --words 230 \\
         --epochs 3 --precision bf16
-    python benchmarks/spy_per_batch.py kit.json --batches 375 --loop train_custom
+    python benchmarks/spy_per_batch.py kit.json --batches 375
 
     py-spy record ... -o plain.json -- python benchmarks/plain_loop.py --precision bf16 --modes train --epochs 2
     python benchmarks/spy_per_batch.py plain.json --batches 250 --loop train
 
 The training thread is the thread, of any process in the file, with the most samples inside the function
-``--loop``; its samples inside that loop, and inside none of the functions ``--skip`` (an epoch's evaluation
-and model saving, by default), are divided by ``--batches``. Printed: that total in ms a batch, the same by the
-frame the loop called (file:line), by the innermost frame, and every other thread of that process with its
-GIL-held ms a batch over the whole run (threads contending for the GIL with the training).
+``--loop`` (its name as py-spy gives it: ``Class.method`` for a method; flair's ``ModelTrainer.train_custom`` by
+default). Its samples inside that loop (its innermost call, where it calls itself), and inside none of the functions
+``--skip`` (an epoch's evaluation and model saving, by default), are divided by ``--batches``. Printed: that total
+in ms a batch, the call tree below the loop ``--depth`` levels deep (by function), the innermost frames (by line),
+and every other thread of that process with its samples' ms a batch over the whole run (with ``--gil``: the threads
+contending with the training for the GIL; with ``--idle``: their wall time, waits included). Each sample counts
+py-spy's nominal interval (``--rate``): where py-spy fell behind, the times come out short. A recording may be
+gzipped (``.json.gz``).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import json
 from pathlib import Path
 
@@ -45,14 +50,12 @@ def thread_samples(profile: dict) -> list[tuple[list[int], float]]:
 
 
 def report(path: Path, batches: int, loop: str, skip: set[str], rows: int, depth: int, least: float) -> str:
-    data = json.loads(path.read_text())
+    data = json.loads(gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes())
     frames = data["shared"]["frames"]
 
     def inside_loop(stack: list[int]) -> int | None:
-        """The index in ``stack`` of the innermost frame of ``loop`` (py-spy names methods ``Class.name``; the
-        innermost, since wrappers of that name call it), None when the sample is outside it."""
-        names = [frames[frame]["name"] for frame in stack]
-        return next((index for index in reversed(range(len(names))) if names[index].rsplit(".", 1)[-1] == loop), None)
+        """The index in ``stack`` of the innermost frame of ``loop``, None when the sample is outside it."""
+        return next((index for index in reversed(range(len(stack))) if frames[stack[index]]["name"] == loop), None)
 
     def loop_seconds(profile: dict) -> float:
         return sum(weight for stack, weight in thread_samples(profile) if inside_loop(stack) is not None)
@@ -103,13 +106,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("speedscope", type=Path, help="py-spy record --threads --format speedscope output")
     parser.add_argument("--batches", type=int, required=True, help="training batches the run made")
-    parser.add_argument("--loop", default="train_custom", help="the function whose loop trains (flair's: train_custom)")
+    parser.add_argument("--loop", default="ModelTrainer.train_custom", help="the training loop's function, py-spy's name")
     parser.add_argument("--skip", default=SKIPPED, help="comma-separated functions whose samples are not the loop's")
     parser.add_argument("--rows", type=int, default=25, help="innermost frames shown")
     parser.add_argument("--depth", type=int, default=1, help="levels of the call tree below the loop shown")
     parser.add_argument("--least", type=float, default=0.05, help="the call tree's smallest node shown, ms a batch")
     args = parser.parse_args()
-    print(report(args.speedscope, args.batches, args.loop, set(filter(None, args.skip.split(","))), args.rows, args.depth, args.least))
+    skip = set(filter(None, args.skip.split(",")))
+    print(report(args.speedscope, args.batches, args.loop, skip, args.rows, args.depth, args.least))
 
 
 if __name__ == "__main__":

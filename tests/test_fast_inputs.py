@@ -338,7 +338,9 @@ def test_the_input_thread_spends_nothing_on_sentences_it_saw_kept(models, fast, 
     fast_inputs._STORES.clear()  # its store let go (full): the marks name a store that is gone
     fast_inputs.start_job(True, ahead=True)
     input_thread.watch(embedding, fast_inputs.store_for(embedding.tokenizer, settings), settings)
-    input_thread.tokenize_ahead(sentences[:5])
+    seen = len(looked_at)
+    input_thread.tokenize_ahead(sentences[:5])  # looked up in the new store (by the keys they were named by) and kept
+    assert looked_at[seen:seen + 5] == [key([t.text for t in point]) for point in sentences[:5]]
     assert fast_inputs.kept_sentences() == 5
 
 

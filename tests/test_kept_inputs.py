@@ -6,13 +6,14 @@ from __future__ import annotations
 import gc
 import threading
 import tracemalloc
+import weakref
 
 import numpy as np
 import pytest
 from flair.data import Sentence
 
 from flair_nbddp.worker import kept_inputs
-from flair_nbddp.worker.kept_inputs import CHUNK, Store, key, sentence_key
+from flair_nbddp.worker.kept_inputs import CHUNK, Store, sentence_key
 
 SPECIALS = [0, 1, 2, 3]  # pad, unk, cls, sep of a BERT-like vocabulary
 
@@ -94,21 +95,25 @@ def test_keys_are_found_before_and_after_they_join_the_sorted_index_and_two_thre
     assert all(rows[0][0].tolist() == ids for rows, (_, ids, _) in zip(found, reviews))
 
 
+def _words(sentence: Sentence) -> list[str]:
+    """The token texts as flair lists them for its tokenizer: a new list each batch, the same text objects."""
+    return [token.text for token in sentence]
+
+
 def test_a_sentence_is_named_again_only_when_its_words_change_and_its_name_goes_with_it(monkeypatch):
-    hashed = []
-    monkeypatch.setattr(kept_inputs, "key", lambda words: hashed.append(list(words)) or key(words))
+    digest, hashed = kept_inputs.key, []
+    monkeypatch.setattr(kept_inputs, "key", lambda words: hashed.append(list(words)) or digest(words))
     sentence = Sentence("a fine film , well made")
-    words = lambda: [token.text for token in sentence]  # noqa: E731 - flair's lists: new each batch, same texts
-    named = sentence_key(sentence, words())
-    assert sentence_key(sentence, words()) == named == key(words()) and len(hashed) == 1
+    named = sentence_key(sentence, _words(sentence))
+    assert sentence_key(sentence, _words(sentence)) == named == digest(_words(sentence)) and len(hashed) == 1
     sentence.tokens[1].form = "poor"  # the same sentence, other words: another name
-    assert sentence_key(sentence, words()) == key(["a", "poor", "film", ",", "well", "made"]) != named
-    assert sentence_key(sentence, ["[SEP]", *words()]) == key(["[SEP]", *words()])  # with context, as flair adds it
-    assert len(hashed) == 3
-    before = len(kept_inputs._NAMES)
+    assert sentence_key(sentence, _words(sentence)) == digest(["a", "poor", "film", ",", "well", "made"]) != named
+    with_context = ["[SEP]", *_words(sentence)]  # as flair adds context around a sentence
+    assert sentence_key(sentence, with_context) == digest(with_context) and len(hashed) == 3
+    gone = weakref.ref(sentence)
     del sentence
-    gc.collect()
-    assert len(kept_inputs._NAMES) == before - 1
+    gc.collect()  # a sentence and its tokens point at each other: the cycle collector frees them
+    assert gone() is None  # the memo kept it alive not a moment longer; its weak entry went with it
 
 
 @pytest.mark.parametrize("word_ids", [False, True], ids=["document", "words"])
