@@ -106,7 +106,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("speedscope", type=Path, help="py-spy record --threads --format speedscope output")
     parser.add_argument("--batches", type=int, required=True, help="training batches the run made")
-    parser.add_argument("--loop", default="ModelTrainer.train_custom", help="the training loop's function, py-spy's name")
+    parser.add_argument("--loop", default="ModelTrainer.train_custom", help="the training loop's function, as named")
     parser.add_argument("--skip", default=SKIPPED, help="comma-separated functions whose samples are not the loop's")
     parser.add_argument("--rows", type=int, default=25, help="innermost frames shown")
     parser.add_argument("--depth", type=int, default=1, help="levels of the call tree below the loop shown")
