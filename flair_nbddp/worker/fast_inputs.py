@@ -72,7 +72,8 @@ def install() -> None:
             settings = _settings(self)
             input_thread.watch(self, store_for(self.tokenizer, settings), settings)
         real = self.tokenizer
-        caching = self.__dict__["tokenizer"] = CachingTokenizer(real, sentences, keep_word_ids=bool(self.token_embedding))
+        caching = CachingTokenizer(real, sentences, keep_word_ids=bool(self.token_embedding))
+        self.__dict__["tokenizer"] = caching
         try:
             inputs = original(self, sentences, offsets, lengths, flair_tokens, device)
         finally:
