@@ -7,8 +7,9 @@
 One process fine-tunes the throughput benchmark's job (a ``TextClassifier`` on IMDB-length generated reviews,
 batch 32) with the kit's checkpoint plugin, as every rank of a run has it, and times per epoch: the training
 (first batch to last), the part of each checkpoint the training waits for (gathering the generators, copying the
-states where they are, waiting for the previous file), and the writer thread's ``torch.save`` and rename, which
-overlap the next epoch. The cost to training is the first part over the epoch; the write must take less than an
+states where they are, waiting for the previous file) with the pinned host memory blocks torch made meanwhile (on
+CUDA: none, once they were made ahead), and the writer thread's ``torch.save`` and rename, which overlap the next
+epoch. The cost to training is the first part over the epoch; the write must take less than an
 epoch to stay out of the way.
 
 ``--writer-stalls MB`` measures instead what the writer takes from the training's thread on the host: it writes a
@@ -69,10 +70,14 @@ def measure(args) -> dict:
     plugin = Checkpointing(workdir / NAME, 0, lambda value: [value], lambda *_: None)
     write, write_file = plugin._write, plugin._write_file
 
+    def pinned_blocks_made():
+        return torch.cuda.host_memory_stats()["num_host_alloc"] if args.device == "cuda" else 0
+
     def timed_write(epoch):
-        started = time.perf_counter()
+        made, started = pinned_blocks_made(), time.perf_counter()
         write(epoch)
         epochs[epoch - 1]["checkpoint_wait_s"] = time.perf_counter() - started  # rows are epochs 1, 2...
+        epochs[epoch - 1]["pinned_blocks_made"] = pinned_blocks_made() - made
 
     def timed_write_file(epoch, *rest):
         started = time.perf_counter()
@@ -89,7 +94,8 @@ def measure(args) -> dict:
         train_s = row["last_batch"] - row["first_batch"]
         wait_s = row.get("checkpoint_wait_s", 0.0)
         rows.append({"epoch": row["epoch"], "train_s": train_s, "checkpoint_wait_s": wait_s,
-                     "write_s": writes.get(row["epoch"]), "cost": wait_s / train_s})  # fmt: skip
+                     "pinned_blocks_made": row.get("pinned_blocks_made", 0), "write_s": writes.get(row["epoch"]),
+                     "cost": wait_s / train_s})  # fmt: skip
     return {
         "device": args.device, "size": args.size, "docs": args.docs, "batch": args.batch,
         "checkpoint_mb": (workdir / NAME).stat().st_size / 2**20, "epochs": rows,

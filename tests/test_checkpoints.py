@@ -4,6 +4,7 @@ a checkpoint file is whole or absent, and one that changed is refused."""
 from __future__ import annotations
 
 import shutil
+import weakref
 
 import flair
 import pytest
@@ -121,3 +122,33 @@ def test_a_training_resumed_inside_an_epoch_numbers_its_batches_as_the_uninterru
     streaming.after_training_batch(batch=[1, 2], batch_no=0, total_number_of_batches=3, epoch=2)
     [progress] = sent  # flair's first batch of the 3 left: the epoch's 6th of 8
     assert isinstance(progress, Progress) and (progress.epoch, progress.batch, progress.total_batches) == (2, 6, 8)
+
+
+def test_the_first_checkpoints_pinned_memory_is_made_ahead_in_another_thread(monkeypatch):
+    """On a GPU, as the first step ends, another thread pins a buffer like each GPU tensor a checkpoint copies, all
+    held at once (a block of torch's host cache for each copy) and given back; on the CPU nothing is pinned."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()  # the optimizer's states exist now
+    states = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    assert checkpoints._pin_ahead(states) is None  # CPU tensors: nothing to pin
+
+    made, peak, devices = [], [0], []
+
+    def pinned_like(tensor):
+        buffer = torch.empty_like(tensor)
+        made.append((tuple(tensor.shape), weakref.ref(buffer)))
+        peak[0] = max(peak[0], sum(alive() is not None for _, alive in made))
+        return buffer
+
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda tensor: True))  # every tensor "on a GPU"
+    monkeypatch.setattr(checkpoints, "_pinned_like", pinned_like)
+    monkeypatch.setattr(torch.cuda, "set_device", devices.append)
+    thread = checkpoints._pin_ahead(states)
+    thread.join()
+    copied = []
+    checkpoints._map_tensors(states, lambda tensor: copied.append(tuple(tensor.shape)))
+    assert sorted(shape for shape, _ in made) == sorted(copied) and len(copied) == 4 + 4 * 3  # weights; Adam's 3 each
+    assert peak[0] == len(made) and all(alive() is None for _, alive in made)  # held at once, then given back
+    assert len(devices) == 1 and thread.name == "flair_nbddp-pinned-memory"
