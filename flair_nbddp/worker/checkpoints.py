@@ -28,8 +28,9 @@ Training goes on while a checkpoint is written: the states are copied (from a GP
 on the training's stream) and a thread writes the file; the next checkpoint, and the end of training, wait for it.
 The pinned memory is made once, by another thread while the first epoch trains (from its first step on, when the
 optimizer's states exist): torch's caching host allocator keeps it for the copies of every checkpoint, so no
-checkpoint makes the training's thread wait while the host pins the states' size in memory (0.38 s for DistilBERT
-with AdamW on an H100 host, measured in ``benchmarks/README.md``).
+checkpoint makes the training's thread wait while the host pins the states' size in memory (for a DistilBERT-sized
+model with AdamW on an H100 host the first checkpoint's wait fell from 0.28-0.31 s to 0.004 s: see
+``benchmarks/README.md``).
 
 Nothing here draws a random number: a training with checkpoints is the same training.
 """
