@@ -2,15 +2,16 @@
 
     python benchmarks/checkpoint_cost.py --device cpu --size tiny --docs 800
     python benchmarks/checkpoint_cost.py --device cuda --size distilbert --docs 4000
+    python benchmarks/checkpoint_cost.py --device cuda --size distilbert --docs 4000 --amp
     python benchmarks/checkpoint_cost.py --writer-stalls 800
 
 One process fine-tunes the throughput benchmark's job (a ``TextClassifier`` on IMDB-length generated reviews,
 batch 32) with the kit's checkpoint plugin, as every rank of a run has it, and times per epoch: the training
 (first batch to last), the part of each checkpoint the training waits for (gathering the generators, copying the
 states where they are, waiting for the previous file) with the pinned host memory blocks torch made meanwhile (on
-CUDA: none, once they were made ahead), and the writer thread's ``torch.save`` and rename, which overlap the next
-epoch. The cost to training is the first part over the epoch; the write must take less than an
-epoch to stay out of the way.
+CUDA, with a torch that has ``torch.cuda.host_memory_stats``), and the writer thread's ``torch.save`` and rename,
+which overlap the next epoch. The cost to training is the first part over the epoch; the write must take less than
+an epoch to stay out of the way.
 
 ``--writer-stalls MB`` measures instead what the writer takes from the training's thread on the host: it writes a
 checkpoint of MB megabytes (100 float tensors, about DistilBERT's model and Adam states at 800) with the kit's
@@ -70,14 +71,16 @@ def measure(args) -> dict:
     plugin = Checkpointing(workdir / NAME, 0, lambda value: [value], lambda *_: None)
     write, write_file = plugin._write, plugin._write_file
 
+    counted = args.device == "cuda" and hasattr(torch.cuda, "host_memory_stats")  # not in older torch
+
     def pinned_blocks_made():
-        return torch.cuda.host_memory_stats()["num_host_alloc"] if args.device == "cuda" else 0
+        return torch.cuda.host_memory_stats()["num_host_alloc"] if counted else 0
 
     def timed_write(epoch):
         made, started = pinned_blocks_made(), time.perf_counter()
         write(epoch)
         epochs[epoch - 1]["checkpoint_wait_s"] = time.perf_counter() - started  # rows are epochs 1, 2...
-        epochs[epoch - 1]["pinned_blocks_made"] = pinned_blocks_made() - made
+        epochs[epoch - 1]["pinned_blocks_made"] = pinned_blocks_made() - made if counted else None
 
     def timed_write_file(epoch, *rest):
         started = time.perf_counter()
@@ -86,7 +89,7 @@ def measure(args) -> dict:
 
     plugin._write, plugin._write_file = timed_write, timed_write_file
     ModelTrainer(model, corpus).fine_tune(
-        workdir / "train", max_epochs=args.epochs, mini_batch_size=args.batch, learning_rate=5e-5,
+        workdir / "train", max_epochs=args.epochs, mini_batch_size=args.batch, learning_rate=5e-5, use_amp=args.amp,
         plugins=[Epochs(), plugin], save_final_model=False, create_file_logs=False, create_loss_file=False,
     )  # fmt: skip
     rows = []
@@ -94,10 +97,10 @@ def measure(args) -> dict:
         train_s = row["last_batch"] - row["first_batch"]
         wait_s = row.get("checkpoint_wait_s", 0.0)
         rows.append({"epoch": row["epoch"], "train_s": train_s, "checkpoint_wait_s": wait_s,
-                     "pinned_blocks_made": row.get("pinned_blocks_made", 0), "write_s": writes.get(row["epoch"]),
+                     "pinned_blocks_made": row.get("pinned_blocks_made"), "write_s": writes.get(row["epoch"]),
                      "cost": wait_s / train_s})  # fmt: skip
     return {
-        "device": args.device, "size": args.size, "docs": args.docs, "batch": args.batch,
+        "device": args.device, "size": args.size, "docs": args.docs, "batch": args.batch, "amp": args.amp,
         "checkpoint_mb": (workdir / NAME).stat().st_size / 2**20, "epochs": rows,
         "cost_per_epoch": max(row["cost"] for row in rows),
         "write_over_epoch": max((row["write_s"] or 0) / row["train_s"] for row in rows),
@@ -146,6 +149,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=4000)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--amp", action="store_true", help="flair's use_amp (the kit's fp16): a gradient scaler")
     parser.add_argument("--workdir", default="/tmp/flair_nbddp-checkpoint-cost")
     parser.add_argument("--writer-stalls", type=int, default=None, metavar="MB",
                         help="only the writer's stalls of another thread, for a checkpoint of MB megabytes")

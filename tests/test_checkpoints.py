@@ -4,7 +4,9 @@ a checkpoint file is whole or absent, and one that changed is refused."""
 from __future__ import annotations
 
 import shutil
+import threading
 import weakref
+from types import SimpleNamespace
 
 import flair
 import pytest
@@ -125,8 +127,8 @@ def test_a_training_resumed_inside_an_epoch_numbers_its_batches_as_the_uninterru
 
 
 def test_the_first_checkpoints_pinned_memory_is_made_ahead_in_another_thread(monkeypatch):
-    """On a GPU, as the first step ends, another thread pins a buffer like each GPU tensor a checkpoint copies, all
-    held at once (a block of torch's host cache for each copy) and given back; on the CPU nothing is pinned."""
+    """On a GPU another thread pins a buffer like each GPU tensor a checkpoint copies, all held at once (a block of
+    torch's host cache for each copy) and given back; on the CPU nothing is pinned."""
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.ones(1, 3)).sum().backward()
@@ -138,17 +140,56 @@ def test_the_first_checkpoints_pinned_memory_is_made_ahead_in_another_thread(mon
 
     def pinned_like(tensor):
         buffer = torch.empty_like(tensor)
-        made.append((tuple(tensor.shape), weakref.ref(buffer)))
-        peak[0] = max(peak[0], sum(alive() is not None for _, alive in made))
+        made.append((tuple(tensor.shape), tensor.dtype, threading.current_thread(), weakref.ref(buffer)))
+        peak[0] = max(peak[0], sum(alive() is not None for *_, alive in made))
         return buffer
 
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda tensor: True))  # every tensor "on a GPU"
     monkeypatch.setattr(checkpoints, "_pinned_like", pinned_like)
     monkeypatch.setattr(torch.cuda, "set_device", devices.append)
     thread = checkpoints._pin_ahead(states)
+    assert thread is not None
     thread.join()
     copied = []
-    checkpoints._map_tensors(states, lambda tensor: copied.append(tuple(tensor.shape)))
-    assert sorted(shape for shape, _ in made) == sorted(copied) and len(copied) == 4 + 4 * 3  # weights; Adam's 3 each
-    assert peak[0] == len(made) and all(alive() is None for _, alive in made)  # held at once, then given back
-    assert len(devices) == 1 and thread.name == "flair_nbddp-pinned-memory"
+    checkpoints._map_tensors(states, lambda tensor: copied.append((tuple(tensor.shape), tensor.dtype)))
+    # 4 weights and Adam's 3 states each (on a GPU its `step` stays on the CPU, and is not pinned)
+    assert sorted(made_like[:2] for made_like in made) == sorted(copied) and len(copied) == 4 + 4 * 3
+    assert {pinning for _, _, pinning, _ in made} == {thread} and thread.name == "flair_nbddp-pinned-memory"
+    assert peak[0] == len(made) and all(alive() is None for *_, alive in made)  # held at once, then given back
+    assert len(devices) == 1
+
+
+def test_rank_0_pins_ahead_as_the_first_step_ends_and_again_for_states_the_optimizer_makes_later(monkeypatch):
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    pinned_for, first_pinning = [], threading.Event()
+
+    def pin_ahead(states):
+        pinned_for.append(len(states["optimizer"]["state"]))
+        thread = threading.Thread(target=first_pinning.wait)
+        thread.start()
+        return thread
+
+    monkeypatch.setattr(checkpoints, "_pin_ahead", pin_ahead)
+    plugins = [checkpoints.Checkpointing(checkpoint_files.NAME, rank, lambda value: [value], lambda *_: None)
+               for rank in (0, 1)]  # fmt: skip
+    for plugin in plugins:
+        plugin._pluggable = SimpleNamespace(model=model, optimizer=optimizer)
+
+    def batch_ends():
+        for plugin in plugins:
+            plugin.after_training_batch(batch_no=0, total_number_of_batches=9)
+
+    batch_ends()  # a step fp16's gradient scaler skipped: no optimizer states yet, the weights are pinned
+    assert pinned_for == [0]
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    batch_ends()  # the optimizer's states now, while the first thread still pins: the next batch
+    assert pinned_for == [0]
+    first_pinning.set()
+    plugins[0]._pinning.join()
+    batch_ends()
+    batch_ends()  # nothing new
+    assert pinned_for == [0, 2]  # rank 0 only, the second time with the states of both parameters
+    plugins[0].finish_writing()  # a checkpoint waits for the pinning first
+    assert plugins[0]._pinning is None and plugins[1]._pinning is None

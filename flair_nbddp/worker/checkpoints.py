@@ -26,11 +26,12 @@ so far" from 0 again in a resumed training; the plugin keeps the checkpoint's be
 
 Training goes on while a checkpoint is written: the states are copied (from a GPU, into pinned host memory, queued
 on the training's stream) and a thread writes the file; the next checkpoint, and the end of training, wait for it.
-The pinned memory is made once, by another thread while the first epoch trains (from its first step on, when the
-optimizer's states exist): torch's caching host allocator keeps it for the copies of every checkpoint, so no
-checkpoint makes the training's thread wait while the host pins the states' size in memory (for a DistilBERT-sized
-model with AdamW on an H100 host the first checkpoint's wait fell from 0.28-0.31 s to 0.004 s: see
-``benchmarks/README.md``).
+The pinned memory is made by another thread while the first epoch trains, as the first step ends and again when
+the optimizer holds states it was not made for (with fp16, the first step its gradient scaler did not skip): torch's
+caching host allocator keeps it for the copies of every checkpoint, so the first checkpoint normally finds it made
+(a DistilBERT-sized model with AdamW on an H100 host: the first checkpoint's wait fell from 0.28-0.31 s to 0.004 s,
+``benchmarks/README.md``). A checkpoint that comes while the thread still pins (every step, or a stop in the first
+steps) waits for it, as it would have pinned the rest itself.
 
 Nothing here draws a random number: a training with checkpoints is the same training.
 """
@@ -93,7 +94,7 @@ class Checkpointing(TrainerPlugin):
         self._writer: threading.Thread | None = None
         self._write_error: BaseException | None = None
         self._pinning: threading.Thread | None = None  # making the checkpoints' pinned memory (rank 0, on a GPU)
-        self._pinned_ahead = rank != 0  # only rank 0 copies states
+        self._pinned_for = -1  # the optimizer's states (how many parameters had them) it was last made for
 
     @property
     def start_epoch(self) -> int:
@@ -157,9 +158,8 @@ class Checkpointing(TrainerPlugin):
         self._batches += 1
         self._epoch_ended = batch_no + 1 == total_number_of_batches
         self._due = bool(self._every) and self._steps % self._every == 0 and not self._epoch_ended
-        if not self._pinned_ahead:  # the first step has made the optimizer's states
-            self._pinned_ahead = True
-            self._pinning = _pin_ahead(self._states())
+        if self._rank == 0:  # only rank 0 copies states
+            self._pin_new_states()
 
     @TrainerPlugin.hook
     def training_interrupt(self, **_: Any) -> None:
@@ -234,6 +234,15 @@ class Checkpointing(TrainerPlugin):
             self._saved(epoch, batch, self._path, write(self._path, checkpoint))
         except BaseException as error:  # noqa: BLE001 - raised in the training's thread by finish_writing
             self._write_error = error
+
+    def _pin_new_states(self) -> None:
+        """Have the pinned memory made, in another thread, for the states a checkpoint would copy now, where the
+        optimizer holds states it was not made for (and no earlier such thread is still pinning). What was made before
+        is torch's cache's again, so only what is new is pinned anew."""
+        holding = len(self.trainer.optimizer.state)
+        if holding != self._pinned_for and (self._pinning is None or not self._pinning.is_alive()):
+            self._pinned_for = holding
+            self._pinning = _pin_ahead(self._states())
 
     def _states(self) -> dict[str, Any]:
         """The model's and the optimizer's state, as a checkpoint holds them."""
