@@ -160,7 +160,7 @@ def test_the_first_checkpoints_pinned_memory_is_made_ahead_in_another_thread(mon
 
 
 def test_rank_0_pins_ahead_as_the_first_step_ends_and_again_for_states_the_optimizer_makes_later(monkeypatch):
-    model = torch.nn.Linear(3, 2)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
     optimizer = torch.optim.AdamW(model.parameters())
     pinned_for, first_pinning = [], threading.Event()
 
@@ -182,7 +182,7 @@ def test_rank_0_pins_ahead_as_the_first_step_ends_and_again_for_states_the_optim
 
     batch_ends()  # a step fp16's gradient scaler skipped: no optimizer states yet, the weights are pinned
     assert pinned_for == [0]
-    model(torch.ones(1, 3)).sum().backward()
+    model[0](torch.ones(1, 3)).sum().backward()  # a step of the first layer only
     optimizer.step()
     batch_ends()  # the optimizer's states now, while the first thread still pins: the next batch
     assert pinned_for == [0]
@@ -190,6 +190,12 @@ def test_rank_0_pins_ahead_as_the_first_step_ends_and_again_for_states_the_optim
     plugins[0]._pinning.join()
     batch_ends()
     batch_ends()  # nothing new
-    assert pinned_for == [0, 2]  # rank 0 only, the second time with the states of both parameters
+    assert pinned_for == [0, 2]  # rank 0 only, the second time with the states of the first layer's 2 parameters
     plugins[0].finish_writing()  # a checkpoint waits for the pinning first
     assert plugins[0]._pinning is None and plugins[1]._pinning is None
+    for plugin in plugins:
+        plugin._written_for = (1, 0)  # the first checkpoint, which pinned what it copied
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    batch_ends()  # the second layer's states are new, and the next checkpoint pins them as it copies them
+    assert len(optimizer.state) == 4 and pinned_for == [0, 2]

@@ -26,9 +26,10 @@ so far" from 0 again in a resumed training; the plugin keeps the checkpoint's be
 
 Training goes on while a checkpoint is written: the states are copied (from a GPU, into pinned host memory, queued
 on the training's stream) and a thread writes the file; the next checkpoint, and the end of training, wait for it.
-The pinned memory is made by another thread while the first epoch trains, as the first step ends and again when
-the optimizer holds states it was not made for (with fp16, the first step its gradient scaler did not skip): torch's
-caching host allocator keeps it for the copies of every checkpoint, so the first checkpoint normally finds it made
+The pinned memory is made by another thread while the first epoch trains, as the first step ends and again, until
+the first checkpoint, when the optimizer holds states it was not made for (with fp16, the first step its gradient
+scaler did not skip): torch's caching host allocator keeps it for the copies of every checkpoint, so the first
+checkpoint normally finds it made
 (a DistilBERT-sized model with AdamW on an H100 host: the first checkpoint's wait fell from 0.28-0.31 s to 0.004 s,
 ``benchmarks/README.md``). A checkpoint that comes while the thread still pins (every step, or a stop in the first
 steps) waits for it, as it would have pinned the rest itself.
@@ -158,7 +159,9 @@ class Checkpointing(TrainerPlugin):
         self._batches += 1
         self._epoch_ended = batch_no + 1 == total_number_of_batches
         self._due = bool(self._every) and self._steps % self._every == 0 and not self._epoch_ended
-        if self._rank == 0:  # only rank 0 copies states
+        # rank 0 copies states; from its first checkpoint on, each checkpoint pins what is new itself (a thread pinning
+        # every state at once while a file's copies hold their blocks would pin them all a second time)
+        if self._rank == 0 and self._written_for == (-1, 0):
             self._pin_new_states()
 
     @TrainerPlugin.hook
