@@ -5,7 +5,7 @@
 
 Each launch starts new workers (no pool): a trivial job, then a short training of the tiny model on a corpus built
 once, here, like in a notebook (``--jobs`` picks either or both, in that order). On CPU the kit forks its workers from
-a server that imported torch and flair once (``flair_nbddp/forkserver.py``): the first launch starts it, and its ranks
+a server that imported torch and flair once (``flair_nbddp/engine/forkserver.py``): the first launch starts it, and its ranks
 are forked once it is ready (kits before ``pending_worker.py`` started them afresh beside it); the next launches fork
 from it (the benchmark waits until it is ready after the first launch, as a notebook's next cell would find it; a
 kit without the server, as an earlier commit's, waits for nothing). CPU time is the whole
@@ -39,7 +39,7 @@ def _cpu_seconds() -> float:
 
 def _server_ready() -> None:
     try:
-        from flair_nbddp import forkserver
+        from flair_nbddp.engine import forkserver
     except ImportError:  # a kit without the fork server
         return
     forkserver.prepare()

@@ -46,7 +46,7 @@ def throughput(device, processes, docs: int, batches: int, repeats: int, model: 
 
 def rows(workdir: Path) -> dict:
     from flair_nbddp.ledger.store import Ledger, RunRecord, process_identity
-    from flair_nbddp.state import MetricPoint
+    from flair_nbddp.engine.state import MetricPoint
 
     figures = {}
     for name, batch in (("ledger_100k_rows_s", 1000), ("ledger_100k_rows_one_transaction_s", 100_000)):

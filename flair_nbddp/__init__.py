@@ -46,7 +46,7 @@ from .notebook.panel import TrainingPanel
 from .options import RunOptions
 from .pool import WorkerPool
 from .result import Attempt, Checkpoint, RunResult
-from .run import Run, runs, wait_all
+from .engine.run import Run, runs, wait_all
 from .sweeps import Sweep, sweep
 from .wire.pool_ref import PoolRef
 from .worker.ddp_exec import RankResult

@@ -3,7 +3,7 @@
 Every run of the kit starts here or at a pool's ``launch`` (the magic and the panel call these): the options
 are checked (:class:`~flair_nbddp.RunOptions`), the devices or the pool (``worker_source.source_for``), a
 :class:`~flair_nbddp.Run` is built on that worker source (and recorded in the run ledger), and :func:`launch`
-shows it in the view that fits, picked before any worker starts (:mod:`flair_nbddp.watch`), while it waits.
+shows it in the view that fits, picked before any worker starts (:mod:`flair_nbddp.engine.watch`), while it waits.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Any, Callable
 
 from .ledger.provenance import Provenance
 from .options import RunOptions, documented
-from .restarts import RestartingRun
+from .engine.restarts import RestartingRun
 from .result import RunResult
-from .run import Run
-from .watch import launch_and_watch
-from .worker_source import WorkerSource, source_for
+from .engine.run import Run
+from .engine.watch import launch_and_watch
+from .engine.worker_source import WorkerSource, source_for
 
 _START_DECIDES = {  # options start() takes none of
     "dashboard": "start() shows nothing; launch() shows the run",
@@ -39,7 +39,7 @@ def start(
     For code that must not block (a widget, a loop that watches several things). Arguments and errors as
     for :func:`launch`; nothing is shown: read ``run.state.snapshot()``, or show a
     :class:`~flair_nbddp.notebook.dashboard.Dashboard` of it. With ``max_restarts`` (or ``on_oom="halve_chunk"``)
-    it returns a :class:`~flair_nbddp.restarts.RestartingRun`, used the same way: a thread starts the run again
+    it returns a :class:`~flair_nbddp.engine.restarts.RestartingRun`, used the same way: a thread starts the run again
     from its last checkpoint when a rank fails, ``run.current`` is the attempt running now, and ``run.wait()``
     returns the last attempt's result with every attempt listed.
 
@@ -87,7 +87,7 @@ def launch(
         args, kwargs: its arguments (packed once, read by every rank).
         options: a :class:`~flair_nbddp.RunOptions` to start from (keywords given beside it win).
         pool: run on these warm workers instead of starting new ones (a :class:`~flair_nbddp.WorkerPool`,
-            or any :class:`~flair_nbddp.worker_source.WorkerSource`); ``processes``/``device``, if given, must match.
+            or any :class:`~flair_nbddp.engine.worker_source.WorkerSource`); ``processes``/``device``, if given, must match.
         provenance: what the run ledger records of how the run was asked for
             (:class:`~flair_nbddp.ledger.provenance.Provenance`: the magic and the panel describe theirs); default a
             call of ``fn`` with its ``args`` and ``kwargs``. Every run is recorded (:func:`flair_nbddp.history`)

@@ -2,7 +2,7 @@
 
 A cold launch pays a new interpreter, ``import torch, flair``, the device context and the process group
 on every rank (seconds on CPU, ~30 s to the first batch on an H200 machine). A pool pays that once. It is
-a :class:`~flair_nbddp.worker_source.WorkerSource` like cold workers: every run on it is an ordinary run, with
+a :class:`~flair_nbddp.engine.worker_source.WorkerSource` like cold workers: every run on it is an ordinary run, with
 its own run directory and logs.
 
 A pool also keeps objects for its jobs: :meth:`WorkerPool.put` packs a corpus once, and every job that
@@ -27,21 +27,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from .claims import HOLDINGS, Claim
-from .devices import DevicePlan
+from .engine.claims import HOLDINGS, Claim
+from .engine.devices import DevicePlan
 from .errors import ConfigurationError, DeviceError, PoolClosedError, RunActiveError
-from .local_ranks import WorkerGroup
+from .engine.local_ranks import WorkerGroup
 from .ledger.provenance import Provenance
 from .options import RunOptions, documented
 from .result import RunResult
-from .run import Run, runs
-from .rundir import RunDir
-from .watch import launch_and_watch, watch
+from .engine.run import Run, runs
+from .engine.rundir import RunDir
+from .engine.watch import launch_and_watch, watch
 from .wire.events import Job
 from .wire.pool_ref import PoolRef
 from .worker import ddp_exec
 from .worker.ddp_exec import RankResult
-from .worker_source import RankGroup, WorkerSource, left_the_cluster, new_workers, source_for
+from .engine.worker_source import RankGroup, WorkerSource, left_the_cluster, new_workers, source_for
 
 _CURRENT: WorkerPool | None = None
 _EXEC_DECIDES = {  # run options exec() takes none of: it decides them
@@ -179,7 +179,7 @@ class WorkerPool:
 
     @property
     def claim(self) -> Claim:
-        """What a job on the pool's workers holds while it runs (:mod:`~flair_nbddp.claims`): those workers and
+        """What a job on the pool's workers holds while it runs (:mod:`~flair_nbddp.engine.claims`): those workers and
         their GPUs (the pool's CPU processes exist already: they hold no CPU slot)."""
         return self._slices[0].claim
 
@@ -522,7 +522,7 @@ class PoolSlice:
     def acquire(self, job: Job) -> RankGroup:
         """Hand ``job`` to every worker of the slice (starting or recycling them first) and return their group.
 
-        A second job cannot come before this one's release: both hold the slice's claim (:mod:`~flair_nbddp.claims`).
+        A second job cannot come before this one's release: both hold the slice's claim (:mod:`~flair_nbddp.engine.claims`).
 
         Raises:
             PoolClosedError: the pool was closed.

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .state import MetricPoint, RankInfo
+from .engine.state import MetricPoint, RankInfo
 
 
 class Checkpoint(NamedTuple):

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from flair_nbddp.cluster.ranks import ClusterGroup
-from flair_nbddp.local_ranks import WorkerGroup
+from flair_nbddp.engine.local_ranks import WorkerGroup
 from flair_nbddp.worker.process_name import RANK_PREFIX as WORKER_NAME_PREFIX
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -133,7 +133,7 @@ def no_leftover_processes():
     """Fails the test if it leaves a child process of this one running (one that was there before it started,
     such as the test run's JupyterLab; nor is a worker of the session's warm pool, or a fork server that CPU workers
     come from)."""
-    from flair_nbddp import forkserver
+    from flair_nbddp.engine import forkserver
 
     before = {child.pid for child in psutil.Process().children(recursive=True)}
     yield

@@ -52,7 +52,7 @@ def test_a_worker_imports_neither_ipython_nor_ipywidgets():
 
 
 def test_the_dask_backend_is_imported_only_when_cluster_is_used():
-    loaded = _loaded_by("import flair_nbddp; from flair_nbddp.worker_source import source_for")
+    loaded = _loaded_by("import flair_nbddp; from flair_nbddp.engine.worker_source import source_for")
     assert "flair_nbddp.api" in loaded and not {"flair_nbddp.cluster", "distributed", "dask"} & loaded
 
 

@@ -14,7 +14,7 @@ from flair_nbddp import ClusterError, ConfigurationError, WorkerPool, launch
 from flair_nbddp.cluster.client import connect, place
 from flair_nbddp.cluster.rank_host import _check_file, rank_environment, store_file
 from flair_nbddp.cluster.ranks import ClusterGroup
-from flair_nbddp.rundir import RunDir
+from flair_nbddp.engine.rundir import RunDir
 
 
 @pytest.fixture(autouse=True)
@@ -239,7 +239,7 @@ def test_a_rank_host_waiting_for_its_fork_server_goes_on_and_sends_the_pid_once_
     import threading
 
     from flair_nbddp.cluster.rank_host import Site, _RankHost
-    from flair_nbddp.pending_worker import PendingWorker
+    from flair_nbddp.engine.pending_worker import PendingWorker
 
     ready = threading.Event()
     server = SimpleNamespace(ready=True, wait_ready=lambda timeout: ready.wait(timeout))  # still importing

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from jupyter_kernel import running_kernel
 
-from flair_nbddp.devices import DevicePlan
+from flair_nbddp.engine.devices import DevicePlan
 from flair_nbddp.errors import WorkerError
 from flair_nbddp.notebook import dashboard
 from flair_nbddp.notebook.dashboard import (
@@ -29,7 +29,7 @@ from flair_nbddp.notebook.dashboard import (
     summary_text,
     svg_chart,
 )
-from flair_nbddp.state import RunState
+from flair_nbddp.engine.state import RunState
 from flair_nbddp.wire.events import Heartbeat, Metric, Progress, Started
 
 

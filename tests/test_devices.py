@@ -2,8 +2,8 @@ import socket
 
 import pytest
 
-from flair_nbddp import devices
-from flair_nbddp.devices import DEVICE_ENV, PROCESSES_ENV, resolve_devices
+from flair_nbddp.engine import devices
+from flair_nbddp.engine.devices import DEVICE_ENV, PROCESSES_ENV, resolve_devices
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from flair_nbddp.state import RunState
+from flair_nbddp.engine.state import RunState
 from flair_nbddp.wire.events import (
     EventSender,
     Failed,

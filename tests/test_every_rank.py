@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 
 from flair_nbddp import ConfigurationError, launch
-from flair_nbddp.rank_output import BURST_LINES, RankOutput
-from flair_nbddp.rundir import RunDir
-from flair_nbddp.state import RankInfo, RunState, rank_health
+from flair_nbddp.engine.rank_output import BURST_LINES, RankOutput
+from flair_nbddp.engine.rundir import RunDir
+from flair_nbddp.engine.state import RankInfo, RunState, rank_health
 from flair_nbddp.wire.events import Heartbeat
 
 
@@ -109,7 +109,7 @@ def test_stragglers_and_silent_ranks_are_marked(ranks, expected):
 
 
 def test_a_pool_of_cpu_workers_takes_no_gpu_choice():
-    from flair_nbddp.devices import DevicePlan
+    from flair_nbddp.engine.devices import DevicePlan
 
     assert DevicePlan("cpu", 2, "gloo").mismatch(None, None, [0, 1]) == "2 × cpu (gloo), not GPUs 0,1"
 

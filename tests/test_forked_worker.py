@@ -5,8 +5,8 @@ import threading
 
 from conftest import wait_for
 
-from flair_nbddp import forkserver
-from flair_nbddp.forkserver import ForkedWorker
+from flair_nbddp.engine import forkserver
+from flair_nbddp.engine.forkserver import ForkedWorker
 
 
 def test_a_worker_that_died_is_waited_for_until_its_server_reports_its_exit_code():

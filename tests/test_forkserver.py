@@ -1,4 +1,4 @@
-"""CPU workers forked from a server that imported torch and flair once (flair_nbddp/forkserver.py)."""
+"""CPU workers forked from a server that imported torch and flair once (flair_nbddp/engine/forkserver.py)."""
 
 import os
 import signal
@@ -10,11 +10,12 @@ import psutil
 import pytest
 from conftest import wait_for
 
-from flair_nbddp import WorkerError, forkserver, launch
-from flair_nbddp.devices import resolve_devices, worker_environment
-from flair_nbddp.local_ranks import WorkerGroup
-from flair_nbddp.pending_worker import PendingWorker
-from flair_nbddp.rundir import RunDir
+from flair_nbddp import WorkerError, launch
+from flair_nbddp.engine import forkserver
+from flair_nbddp.engine.devices import resolve_devices, worker_environment
+from flair_nbddp.engine.local_ranks import WorkerGroup
+from flair_nbddp.engine.pending_worker import PendingWorker
+from flair_nbddp.engine.rundir import RunDir
 
 pytestmark = [pytest.mark.process, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -124,7 +125,7 @@ def test_a_server_ends_with_its_parent_and_takes_its_workers():
     program = subprocess.Popen(
         [sys.executable, "-c", (
             "import sys, psutil, flair_nbddp\n"
-            "assert flair_nbddp.forkserver.prepare()\n"
+            "assert flair_nbddp.engine.forkserver.prepare()\n"
             "pool = flair_nbddp.WorkerPool(2, 'cpu').warm_up()\n"
             "server = psutil.Process(pool.pids[0]).parent()\n"
             "assert server.name() == 'flair_nbddp fs', server.name()\n"

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.kernel
 TESTS = os.path.dirname(os.path.abspath(__file__))
 PROBE = (
     "import os, threading, time, psutil\n"
-    "from flair_nbddp import forkserver\n"
+    "from flair_nbddp.engine import forkserver\n"
     "me = psutil.Process()\n"
     "def others():  # the kernel's fork server, which stays for the next launch, is no leftover\n"
     "    return [c for c in me.children(recursive=True) if c.pid not in forkserver.server_pids()]\n"

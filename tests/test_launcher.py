@@ -10,8 +10,8 @@ from conftest import python_program
 
 import flair_nbddp
 from flair_nbddp import RunTimeoutError, WorkerError, launch, launch_distributed
-from flair_nbddp.devices import resolve_devices
-from flair_nbddp.worker_source import ColdWorkers
+from flair_nbddp.engine.devices import resolve_devices
+from flair_nbddp.engine.worker_source import ColdWorkers
 
 pytestmark = [pytest.mark.process, pytest.mark.usefixtures("no_leftover_processes")]
 

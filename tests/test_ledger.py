@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from flair_nbddp.devices import DevicePlan
+from flair_nbddp.engine.devices import DevicePlan
 from flair_nbddp.errors import ConfigurationError, LedgerError, LedgerWarning
 from flair_nbddp.ledger.provenance import Provenance, describe, describe_call, source_of
 from flair_nbddp.ledger.store import (
@@ -31,8 +31,8 @@ from flair_nbddp.ledger.store import (
 from flair_nbddp.ledger.tensorboard_export import export_tensorboard
 from flair_nbddp.notebook.compare import compare
 from flair_nbddp.options import RunOptions
-from flair_nbddp.recorder import RunRecorder
-from flair_nbddp.state import MetricPoint, RunState
+from flair_nbddp.engine.recorder import RunRecorder
+from flair_nbddp.engine.state import MetricPoint, RunState
 from flair_nbddp.synthetic import sentiment_corpus
 from flair_nbddp.wire import codec, payload
 from flair_nbddp.wire.events import Metric
@@ -259,7 +259,7 @@ def test_a_function_is_recorded_by_its_source_and_hash_and_a_builtin_by_neither(
 
 
 def test_a_recorded_run_keeps_its_options_devices_versions_and_metrics_in_batches(home, tmp_path, monkeypatch):
-    monkeypatch.setattr("flair_nbddp.recorder.FLUSH_SECONDS", 0.0)
+    monkeypatch.setattr("flair_nbddp.engine.recorder.FLUSH_SECONDS", 0.0)
     recorder = RunRecorder(Provenance("launch"), Ledger.default())
     run = _fake_run(tmp_path)
     recorder.begin(run, recorder.describe(run, _record, (sentiment_corpus(4, 1, 1),), {"lr": 0.1}, {}))

@@ -4,7 +4,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from flair_nbddp.devices import visible_gpu_count
+from flair_nbddp.engine.devices import visible_gpu_count
 from flair_nbddp.notebook.cell_names import free_names, names_to_ship
 from flair_nbddp.worker.cell_code import run_ddp_train_cell
 
@@ -169,7 +169,8 @@ def test_timeouts_seed_and_gpus_reach_launch(shell, launched):
 
 
 def test_sharing_gpus_reaches_launch_and_the_pool(shell, launched, monkeypatch):
-    from flair_nbddp import WorkerPool, devices
+    from flair_nbddp import WorkerPool
+    from flair_nbddp.engine import devices
     from flair_nbddp.notebook.magic import current_pool, set_current_pool
 
     shell.run_cell_magic("ddp_train", "--share-gpus --processes 4", "1")

@@ -8,7 +8,7 @@ import ipywidgets as widgets
 import pytest
 from jupyter_kernel import running_kernel
 
-from flair_nbddp.devices import resolve_devices
+from flair_nbddp.engine.devices import resolve_devices
 from flair_nbddp.errors import ResumeError, WorkerError
 from flair_nbddp.notebook import panel as panel_module
 from flair_nbddp.notebook.panel import (
@@ -24,7 +24,7 @@ from flair_nbddp.notebook.run_table import runs_html
 from flair_nbddp.options import RunOptions
 from flair_nbddp.pool import WorkerPool, set_current_pool
 from flair_nbddp.result import Checkpoint, RunResult
-from flair_nbddp.state import MetricPoint, RunState
+from flair_nbddp.engine.state import MetricPoint, RunState
 
 
 # -- params → widgets -----------------------------------------------------------------------------

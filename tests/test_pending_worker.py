@@ -1,4 +1,4 @@
-"""A CPU rank that waits for its fork server (flair_nbddp/pending_worker.py), with a stand-in server and processes."""
+"""A CPU rank that waits for its fork server (flair_nbddp/engine/pending_worker.py), with a stand-in server and processes."""
 
 import signal
 import subprocess
@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from flair_nbddp.errors import ForkServerError
-from flair_nbddp.pending_worker import PendingWorker, signal_group
+from flair_nbddp.engine.pending_worker import PendingWorker, signal_group
 
 
 class _Server:

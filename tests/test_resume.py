@@ -115,7 +115,7 @@ def _new(earlier_record, **changes):
 
 
 def test_a_resume_finds_the_last_checkpoint_by_result_record_id_or_last(earlier):
-    from flair_nbddp.resume import resume_point
+    from flair_nbddp.engine.resume import resume_point
 
     ledger, record, path = earlier
     for resume in (record, record.id, str(record.id), "last"):
@@ -129,7 +129,7 @@ def test_a_resume_finds_the_last_checkpoint_by_result_record_id_or_last(earlier)
     (dict(params={"args": [{"type": "Corpus", "sha256": "c1"}], "kwargs": {}}), "the corpus differs from run #"),
 ])  # fmt: skip
 def test_another_function_or_corpus_is_refused_unless_forced(earlier, change, cause):
-    from flair_nbddp.resume import resume_point
+    from flair_nbddp.engine.resume import resume_point
 
     ledger, record, _ = earlier
     with pytest.raises(ResumeError, match=cause) as refused:
@@ -139,7 +139,7 @@ def test_another_function_or_corpus_is_refused_unless_forced(earlier, change, ca
 
 
 def test_a_changed_or_missing_checkpoint_or_another_world_size_or_no_run_is_refused(earlier):
-    from flair_nbddp.resume import resume_point
+    from flair_nbddp.engine.resume import resume_point
 
     ledger, record, path = earlier
     with pytest.raises(ResumeError, match="resumes its own random generators. Resume with processes=2"):
@@ -270,7 +270,7 @@ def test_the_panel_and_start_restart_a_run_whose_rank_failed_from_its_last_check
                                                                                      tmp_path):  # fmt: skip
     from flair_nbddp.notebook.panel import TrainingPanel
     from flair_nbddp.pool import set_current_pool
-    from flair_nbddp.restarts import RestartingRun
+    from flair_nbddp.engine.restarts import RestartingRun
 
     marker = tmp_path / "fail"
     marker.touch()

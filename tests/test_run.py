@@ -11,7 +11,7 @@ import pytest
 from conftest import wait_for
 
 import flair_nbddp
-from flair_nbddp.devices import DevicePlan
+from flair_nbddp.engine.devices import DevicePlan
 from flair_nbddp.errors import (
     DashboardUnavailableError,
     RunHangError,
@@ -21,8 +21,8 @@ from flair_nbddp.errors import (
     describe_exit,
 )
 from flair_nbddp.options import RunOptions
-from flair_nbddp.restarts import RestartingRun
-from flair_nbddp.run import Run, runs
+from flair_nbddp.engine.restarts import RestartingRun
+from flair_nbddp.engine.run import Run, runs
 from flair_nbddp.wire import payload
 from flair_nbddp.wire.events import (
     CheckpointSaved,
@@ -36,7 +36,7 @@ from flair_nbddp.wire.events import (
 
 
 class FakeRanks:
-    """A :class:`~flair_nbddp.worker_source.RankGroup` whose ranks are this test: it sends their events itself."""
+    """A :class:`~flair_nbddp.engine.worker_source.RankGroup` whose ranks are this test: it sends their events itself."""
 
     def __init__(self, world_size: int) -> None:
         pairs = [socket.socketpair() for _ in range(world_size)]
@@ -65,7 +65,7 @@ class FakeRanks:
 
 
 class FakeSource:
-    """A :class:`~flair_nbddp.worker_source.WorkerSource` of :class:`FakeRanks`, recording what the run asked of it."""
+    """A :class:`~flair_nbddp.engine.worker_source.WorkerSource` of :class:`FakeRanks`, recording what the run asked of it."""
 
     def __init__(self, world_size: int = 2) -> None:
         self.plan = DevicePlan("cpu", world_size, "gloo")

@@ -11,11 +11,11 @@ from IPython.core.interactiveshell import InteractiveShell
 from test_run import FakeSource, finish
 
 import flair_nbddp
-from flair_nbddp.devices import DevicePlan
+from flair_nbddp.engine.devices import DevicePlan
 from flair_nbddp.errors import ConfigurationError, DeviceError, RunActiveError
 from flair_nbddp.options import RunOptions
 from flair_nbddp.pool import WorkerPool
-from flair_nbddp.run import Run
+from flair_nbddp.engine.run import Run
 from flair_nbddp.sweeps import runner
 from flair_nbddp.sweeps.lanes import lanes
 from flair_nbddp.sweeps.study import journal_storage, open_study, space_names, study_file
@@ -68,7 +68,7 @@ def test_cpu_processes_get_a_slots_share_of_the_cores_alone_or_side_by_side(monk
 
 
 def test_gpu_lanes_take_their_gpus_and_leave_the_sweeps_process_count(monkeypatch):
-    monkeypatch.setattr("flair_nbddp.devices.visible_gpu_count", lambda: 4)
+    monkeypatch.setattr("flair_nbddp.engine.devices.visible_gpu_count", lambda: 4)
     ways = lanes(RunOptions(processes=4, device="cuda"), 2)
     assert [(lane.label, lane.options) for lane in ways] == [
         ("GPUs 0,1", {"processes": None, "device": None, "gpus": (0, 1)}),
@@ -296,7 +296,7 @@ def test_wait_all_stops_every_run_it_waits_for_at_the_first_interrupt(capsys):
 
 
 def test_a_pools_workers_serve_one_run_at_a_time_and_a_sliced_pool_lends_a_free_slice():
-    from flair_nbddp.claims import HOLDINGS
+    from flair_nbddp.engine.claims import HOLDINGS
 
     pool = WorkerPool(4, "cpu", job_processes=1)  # more slices than the CPU's 2 process slots: they hold none
     slices = []

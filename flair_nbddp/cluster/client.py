@@ -21,7 +21,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..devices import DEVICE_TYPES, DevicePlan, env_device, env_processes
+from ..engine.devices import DEVICE_TYPES, DevicePlan, env_device, env_processes
 from ..errors import ClusterError, ConfigurationError, MissingDependencyError
 from . import rank_host
 from .rank_host import Site

@@ -37,15 +37,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..devices import interface_of, rendezvous_socket
+from ..engine.devices import interface_of, rendezvous_socket
 from ..errors import ClusterError
-from ..local_ranks import (
+from ..engine.local_ranks import (
     RENDEZVOUS_TIMEOUT_SECONDS,
     TERMINATE_GRACE_SECONDS,
     spawn_worker,
 )
-from ..pending_worker import PendingWorker, signal_group
-from ..rundir import RunDir, runs_root
+from ..engine.pending_worker import PendingWorker, signal_group
+from ..engine.rundir import RunDir, runs_root
 from ..wire.events import (
     Failed,
     Job,

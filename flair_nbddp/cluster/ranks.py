@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ClusterError, describe_exit
-from ..local_ranks import RENDEZVOUS_TIMEOUT_SECONDS, TERMINATE_GRACE_SECONDS
-from ..rundir import RunDir
+from ..engine.local_ranks import RENDEZVOUS_TIMEOUT_SECONDS, TERMINATE_GRACE_SECONDS
+from ..engine.rundir import RunDir
 from ..wire.events import CheckpointSaved, Failed, Job, ResultReady, WorkerSpec
 from ..worker import checkpoint_files
 from . import rank_host

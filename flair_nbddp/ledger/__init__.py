@@ -3,5 +3,5 @@
 ``store`` reads and writes the file (:class:`~flair_nbddp.ledger.store.RunRecord`, ``history()``);
 ``provenance`` describes a call as the ledger keeps it (corpora by size and hash, secrets masked);
 ``versions`` names what a run depends on; ``tensorboard_export`` writes runs as TensorBoard files. A running
-run is recorded by :mod:`flair_nbddp.recorder`.
+run is recorded by :mod:`flair_nbddp.engine.recorder`.
 """

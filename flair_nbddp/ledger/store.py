@@ -1,6 +1,6 @@
 """The run ledger: every run of the kit kept in one SQLite file, across kernels and restarts.
 
-The notebook's process writes it while a run goes (:mod:`~flair_nbddp.recorder`): a row when the run starts,
+The notebook's process writes it while a run goes (:mod:`~flair_nbddp.engine.recorder`): a row when the run starts,
 its metrics in batches, its end. :func:`history` reads it back, newest first, as :class:`RunRecord` objects;
 a run whose kernel died before it ended reads as ``"lost"`` the next time the ledger is opened.
 
@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import psutil
 
 from ..errors import ConfigurationError, LedgerError
-from ..state import MetricPoint
+from ..engine.state import MetricPoint
 
 HOME_ENV = "FLAIR_NBDDP_HOME"
 SWITCH_ENV = "FLAIR_NBDDP_LEDGER"

@@ -8,7 +8,7 @@
     view.finish(result, result.error)
 
 The module has two halves. The rendering functions (``*_html``, ``*_text``, ``*_line``) are pure: a
-:class:`~flair_nbddp.state.Snapshot` in, a string out. The view classes only decide when to draw and
+:class:`~flair_nbddp.engine.state.Snapshot` in, a string out. The view classes only decide when to draw and
 where to: the :class:`Dashboard` redraws from a background thread (widget traits may be set from any
 thread; only ``display`` must happen on the cell's thread), the :class:`TextView` prints from the
 waiting loop on the main thread.
@@ -26,9 +26,9 @@ from typing import Any, Callable
 
 from ..errors import DashboardUnavailableError, WorkerError
 from ..result import RunResult
-from ..run import Run
-from ..state import MetricPoint, RankInfo, Snapshot, rank_health
-from ..watch import RunView
+from ..engine.run import Run
+from ..engine.state import MetricPoint, RankInfo, Snapshot, rank_health
+from ..engine.watch import RunView
 
 Series = dict[str, list[tuple[int, float]]]
 Problem = tuple[str, str]  # a failure's headline and details; ("", "") for none
@@ -317,7 +317,7 @@ def ranks_table_text(snapshot: Snapshot) -> str:
     """The ranks as a plain-text table, for scripts and the text a saved notebook keeps.
 
     Example:
-        >>> from flair_nbddp.state import RunState
+        >>> from flair_nbddp.engine.state import RunState
         >>> print(ranks_table_text(RunState(world_size=1, device_type="cpu").snapshot()).splitlines()[0])
         rank  device  pid  state  step  samples/s  host mem  GPU mem  GPU busy  heartbeat  health
     """

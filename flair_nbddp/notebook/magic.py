@@ -30,7 +30,7 @@ from IPython.core.magic import (
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from ..api import launch
-from ..devices import gpu_names, resolve_devices
+from ..engine.devices import gpu_names, resolve_devices
 from ..errors import (
     ClusterError,
     ConfigurationError,
@@ -45,7 +45,7 @@ from ..ledger.store import ENDED, history, ledger_path
 from ..ledger.versions import versions
 from ..options import DEVICES, from_flags, magic_flags, numbers
 from ..pool import WorkerPool, check_ranks, current_pool, set_current_pool
-from ..run import runs
+from ..engine.run import runs
 from ..wire.payload import describe_unpicklable
 from ..worker.cell_code import run_ddp_sweep_cell, run_ddp_train_cell
 from ..worker.ddp_exec import PREDEFINED, RankResult

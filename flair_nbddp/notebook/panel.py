@@ -28,16 +28,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..api import start
-from ..devices import DevicePlan, cuda_plan, resolve_devices, visible_gpu_count
+from ..engine.devices import DevicePlan, cuda_plan, resolve_devices, visible_gpu_count
 from ..errors import ConfigurationError, NotCallableError, ResumeError, RunActiveError
 from ..ledger.provenance import Provenance
 from ..ledger.store import Ledger, RunRecord
 from ..options import RunOptions, documented
 from ..pool import WorkerPool, current_pool
-from ..restarts import RestartingRun
+from ..engine.restarts import RestartingRun
 from ..result import RunResult
-from ..run import Run, wait_for_end
-from ..state import Snapshot
+from ..engine.run import Run, wait_for_end
+from ..engine.state import Snapshot
 from ..wire.pool_ref import PoolRef, trackable
 from .dashboard import (
     BORDER_COLOR,
@@ -584,7 +584,7 @@ class TrainingPanel:
         """Block until the current run has ended and is recorded; returns :attr:`result`.
 
         For code, and notebooks run top to bottom (a cell that waits cannot receive clicks). Interrupts work as
-        for :func:`~flair_nbddp.launch` (the same :func:`~flair_nbddp.run.wait_for_end`): the first stops the
+        for :func:`~flair_nbddp.launch` (the same :func:`~flair_nbddp.engine.run.wait_for_end`): the first stops the
         run gracefully, a second ends its workers at once.
 
         Raises:

@@ -2,7 +2,7 @@
 a time.
 
 On this machine's GPUs a lane is ``trial_processes`` GPUs (8 GPUs, 2 per trial: GPUs 0,1 / 2,3 / 4,5 / 6,7); on CPU
-it is ``trial_processes`` of the CPU's process slots (:func:`~flair_nbddp.devices.cpu_slots`: 2 without
+it is ``trial_processes`` of the CPU's process slots (:func:`~flair_nbddp.engine.devices.cpu_slots`: 2 without
 ``$FLAIR_NBDDP_PROCESSES``); on a warm pool, one of its slices (``WorkerPool(..., job_processes=trial_processes)``);
 on a Dask cluster, ``trial_processes`` of its workers, placed as each trial starts.
 
@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..devices import cpu_slots, resolve_devices
+from ..engine.devices import cpu_slots, resolve_devices
 from ..errors import ConfigurationError
 from ..options import RunOptions
-from ..worker_source import new_workers
+from ..engine.worker_source import new_workers
 
 _DEVICES_OF_THE_LANE = {"processes": None, "device": None, "gpus": None}  # the sweep's, replaced by the lane's
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import HealthCheckError
-from ..rundir import RunDir
+from ..engine.rundir import RunDir
 from ..wire import lazy_corpus, payload, pool_ref
 from ..wire.events import (
     EXIT,

@@ -9,7 +9,7 @@ small. Each rank's own output is also kept, its last lines only, for the dashboa
 
 Example:
     >>> import tempfile
-    >>> from flair_nbddp.state import RunState
+    >>> from flair_nbddp.engine.state import RunState
     >>> run_dir = RunDir.create(tempfile.mkdtemp())
     >>> output, state = RankOutput(run_dir, 2, "rank0"), RunState(world_size=2, device_type="cpu")
     >>> _ = run_dir.log(0).write_text("epoch 1\\n")

@@ -8,7 +8,7 @@ with ``on_oom="halve_chunk"`` a rank out of memory starts it again with flair's 
 down to 1, besides. A stop, an interrupt and a ``timeout`` are never restarted. On a Dask cluster the next attempt
 takes the workers still there, or new ones that join within ``restart_timeout`` seconds.
 
-:func:`flair_nbddp.launch` applies it while it waits (:mod:`flair_nbddp.watch`); :class:`RestartingRun` is what
+:func:`flair_nbddp.launch` applies it while it waits (:mod:`flair_nbddp.engine.watch`); :class:`RestartingRun` is what
 :func:`flair_nbddp.start` returns when restarts are asked for: a thread waits for each attempt and starts the next.
 Either way every attempt ships the call the first one packed (:meth:`Restarts.attempt`: its payload file, kept until
 the run ends), so a corpus is packed once.
@@ -32,12 +32,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .errors import ClusterError, OutOfMemoryError, RunHangError, WorkerError, describe_exit
-from .options import RunOptions
-from .result import Attempt, RunResult
+from ..errors import ClusterError, OutOfMemoryError, RunHangError, WorkerError, describe_exit
+from ..options import RunOptions
+from ..result import Attempt, RunResult
 from .run import Run, wait_for_end
 from .rundir import runs_root
-from .wire.payload import SharedPayload
+from ..wire.payload import SharedPayload
 from .worker_source import WorkerSource, source_for
 
 RESTART_POLL_SECONDS = 1.0  # how often a restart on a cluster looks for enough Dask workers

@@ -1,6 +1,6 @@
 """A CPU rank whose fork server is still importing torch and flair: the launch goes on, the rank starts later.
 
-A notebook's first CPU launch starts its fork server (:mod:`flair_nbddp.forkserver`). Starting the ranks afresh
+A notebook's first CPU launch starts its fork server (:mod:`flair_nbddp.engine.forkserver`). Starting the ranks afresh
 beside it would import torch and flair three times at once (on a 2-core machine, the ranks wait for all three);
 waiting for the server in the launch call would hold a Train click or a launch cell for those seconds. Instead
 each rank is a :class:`PendingWorker`: the launch call returns at once with its channel open (messages wait in

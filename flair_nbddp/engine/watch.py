@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .ledger.provenance import Provenance
-from .options import RunOptions
+from ..ledger.provenance import Provenance
+from ..options import RunOptions
 from .restarts import RESTARTABLE, Restarts
-from .result import RunResult
+from ..result import RunResult
 from .run import Run
 from .worker_source import WorkerSource
 
@@ -47,7 +47,7 @@ def launch_and_watch(
     provenance: Provenance,
 ) -> RunResult:  # fmt: skip
     """:func:`flair_nbddp.launch` once its options are checked: the run built on its source, then watched; a run
-    whose rank failed or hung starts again as :class:`~flair_nbddp.restarts.Restarts` decides (``max_restarts``,
+    whose rank failed or hung starts again as :class:`~flair_nbddp.engine.restarts.Restarts` decides (``max_restarts``,
     ``on_oom``), each attempt shown and recorded, the last error raised once they are spent."""
     restarts = Restarts(options)
     try:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DeviceError, UnsupportedPlatformError
+from ..errors import DeviceError, UnsupportedPlatformError
 
 DEVICE_ENV = "FLAIR_NBDDP_DEVICE"
 PROCESSES_ENV = "FLAIR_NBDDP_PROCESSES"
@@ -134,7 +134,7 @@ class DevicePlan:
 
 # the folder that holds this kit: first on a worker's path, so that it runs the notebook's kit (not another
 # version a working directory or PYTHONPATH might hold)
-PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # .../flair_nbddp/engine/devices.py
 
 
 def worker_environment() -> dict[str, str]:

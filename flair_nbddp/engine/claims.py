@@ -8,7 +8,7 @@ the workers it runs on (the pool's, or one of its slices). A run asking for any 
 is refused with :class:`~flair_nbddp.RunActiveError`, naming that run, before anything of it starts.
 
 Example:
-    >>> from flair_nbddp.devices import DevicePlan
+    >>> from flair_nbddp.engine.devices import DevicePlan
     >>> desk = Holdings()
     >>> desk.take("first", "run #1 'train'", Claim.of(DevicePlan("cpu", 1, "gloo"), slots=2))
     >>> desk.take("second", "run #2 'train'", Claim.of(DevicePlan("cpu", 1, "gloo"), slots=2))
@@ -26,7 +26,7 @@ from collections.abc import Collection, Hashable
 from dataclasses import dataclass, field
 
 from .devices import DevicePlan, cpu_slots, cuda_visible_entry
-from .errors import RunActiveError
+from ..errors import RunActiveError
 
 DASK_WORKER = "Dask worker "  # how a Dask worker's unit is named: this, then its address
 
@@ -49,7 +49,7 @@ class Claim:
     @classmethod
     def of(cls, plan: DevicePlan, slots: int | None = None) -> Claim:
         """What a run of ``plan`` on this machine holds (``slots``: the CPU's, default
-        :func:`~flair_nbddp.devices.cpu_slots`)."""
+        :func:`~flair_nbddp.engine.devices.cpu_slots`)."""
         if plan.device_type == "cuda":
             chosen = plan.gpus if plan.gpus is not None else range(plan.world_size)
             return cls(gpus=frozenset(cuda_visible_entry(gpu) for gpu in chosen))

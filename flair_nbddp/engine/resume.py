@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ResumeError
-from .ledger.store import Ledger, RunRecord
-from .result import Checkpoint, RunResult
+from ..errors import ResumeError
+from ..ledger.store import Ledger, RunRecord
+from ..result import Checkpoint, RunResult
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,14 @@
 """Where a run's ranks come from: the worker source protocol, and cold workers.
 
-A :class:`~flair_nbddp.run.Run` knows nothing of how its workers were started. It asks a
+A :class:`~flair_nbddp.engine.run.Run` knows nothing of how its workers were started. It asks a
 :class:`WorkerSource` for a group of ranks running its :class:`~flair_nbddp.wire.events.Job` and gives it
 back when the job is over. :class:`ColdWorkers` start a group for one job and end it afterwards;
 :class:`~flair_nbddp.WorkerPool` keeps its group for the next job. Either group may be this machine's worker
-processes (:class:`~flair_nbddp.local_ranks.WorkerGroup`) or ranks on a Dask cluster
+processes (:class:`~flair_nbddp.engine.local_ranks.WorkerGroup`) or ranks on a Dask cluster
 (:class:`~flair_nbddp.cluster.ranks.ClusterGroup`): ``Run``, the views, the magic and the panel stay as they are.
 
 Example:
-    >>> from flair_nbddp.devices import resolve_devices
+    >>> from flair_nbddp.engine.devices import resolve_devices
     >>> source = ColdWorkers(resolve_devices("cpu", 2))
     >>> source.plan.world_size, isinstance(source, WorkerSource)
     (2, True)
@@ -22,16 +22,16 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 from .claims import HOLDINGS, Claim
 from .devices import DevicePlan, resolve_devices
-from .errors import ConfigurationError, DeviceError
+from ..errors import ConfigurationError, DeviceError
 from .local_ranks import TERMINATE_GRACE_SECONDS, WorkerGroup
-from .options import RunOptions
+from ..options import RunOptions
 from .rundir import RunDir
-from .wire.events import EXIT, Job
+from ..wire.events import EXIT, Job
 
 
 @runtime_checkable
 class RankGroup(Protocol):
-    """The ranks of one machine (:class:`~flair_nbddp.local_ranks.WorkerGroup`) or of a Dask cluster
+    """The ranks of one machine (:class:`~flair_nbddp.engine.local_ranks.WorkerGroup`) or of a Dask cluster
     (:class:`~flair_nbddp.cluster.ranks.ClusterGroup`): everything a worker source and a run do with them.
 
     Each rank's events arrive on ``connections[rank]`` (a closed channel means the rank is exiting), and
@@ -113,7 +113,7 @@ class ColdWorkers:
         claim: Claim | None = None,
     ) -> None:  # fmt: skip
         self.plan, self.where = plan, where
-        self.claim = claim or Claim.of(plan)  # what its run holds while it runs (:mod:`~flair_nbddp.claims`)
+        self.claim = claim or Claim.of(plan)  # what its run holds while it runs (:mod:`~flair_nbddp.engine.claims`)
         self.new_group = new_group or (lambda home: WorkerGroup(plan, home))
         self._group: RankGroup | None = None
         self._handed = False  # whether the group got its job
@@ -150,8 +150,8 @@ def new_workers(
     ``distributed.Client`` or a scheduler address; see :mod:`flair_nbddp.cluster.client`)."""
     if cluster is None:
         return ColdWorkers(resolve_devices(device, processes, gpus, share_gpus))
-    from .cluster.client import connect, place
-    from .cluster.ranks import cluster_group_factory
+    from ..cluster.client import connect, place
+    from ..cluster.ranks import cluster_group_factory
 
     if share_gpus:
         raise ConfigurationError(
@@ -171,7 +171,7 @@ def new_workers(
 
 def left_the_cluster(cluster: Any, claim: Claim) -> list[str]:
     """The addresses of the Dask workers ``claim`` holds that are no longer in ``cluster`` (a lost node), sorted."""
-    from .cluster.client import connect, departed
+    from ..cluster.client import connect, departed
 
     workers = claim.workers
     return departed(connect(cluster), workers) if workers else []

@@ -1,7 +1,7 @@
 """The thread that watches one run's ranks, and what it concludes when the run is over.
 
-The :class:`Supervisor` drains every rank's events and output (:mod:`~flair_nbddp.rank_output`) into the run's
-:class:`~flair_nbddp.state.RunState`. It ends every rank as soon as one fails, and enforces the run's
+The :class:`Supervisor` drains every rank's events and output (:mod:`~flair_nbddp.engine.rank_output`) into the run's
+:class:`~flair_nbddp.engine.state.RunState`. It ends every rank as soon as one fails, and enforces the run's
 :class:`Limits` (the timeout, the grace period of a stop, the hang watchdog), so no rank is ever left
 waiting in a collective. Once the ranks are done, :meth:`Supervisor.failure` says what went wrong, if
 anything, naming the rank and its log.
@@ -14,13 +14,13 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
-from .errors import OutOfMemoryError, RunHangError, RunTimeoutError, WorkerError
+from ..errors import OutOfMemoryError, RunHangError, RunTimeoutError, WorkerError
 from .local_ranks import TERMINATE_GRACE_SECONDS
 from .rank_output import RankOutput
 from .recorder import RunRecorder
 from .rundir import RunDir
 from .state import RunState, Snapshot
-from .wire.events import STOP, Failed
+from ..wire.events import STOP, Failed
 from .worker_source import RankGroup
 
 POLL_SECONDS = 0.1

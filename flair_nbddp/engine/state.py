@@ -19,8 +19,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from .errors import ConfigurationError
-from .wire.events import (
+from ..errors import ConfigurationError
+from ..wire.events import (
     Event,
     Failed,
     Finished,

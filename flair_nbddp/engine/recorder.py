@@ -15,17 +15,17 @@ import time
 import warnings
 from typing import Any, Callable
 
-from .errors import LedgerError, LedgerWarning
-from .ledger.provenance import (
+from ..errors import LedgerError, LedgerWarning
+from ..ledger.provenance import (
     Provenance,
     describe,
     describe_call,
     sha256_text,
     source_of,
 )
-from .ledger.store import Ledger, RunRecord, process_identity
-from .ledger.versions import package_versions
-from .result import RunResult
+from ..ledger.store import Ledger, RunRecord, process_identity
+from ..ledger.versions import package_versions
+from ..result import RunResult
 from .state import RunState
 
 FLUSH_SECONDS = 1.0  # metrics reach the ledger in batches, at most this often

@@ -3,7 +3,7 @@
 A worker started as a fresh interpreter spends about 6 CPU-seconds importing torch, transformers and flair before
 its first job: on a 2-core machine, a CPU rehearsal's two ranks wait that long at every cold launch. On Linux, the
 first CPU launch (``device="cpu"``) of a notebook starts a server process that imports torch and flair once, and
-forks that launch's ranks as soon as it is ready (:mod:`~flair_nbddp.pending_worker`: the launch call does not wait
+forks that launch's ranks as soon as it is ready (:mod:`~flair_nbddp.engine.pending_worker`: the launch call does not wait
 for it); later CPU ranks are forked from it in a fraction of a second.
 
 A forked worker runs the same program as a fresh one (:func:`flair_nbddp.worker.main.main`): in a session of its
@@ -43,8 +43,8 @@ import time
 from typing import Any
 
 from .devices import PACKAGE_ROOT, worker_environment
-from .errors import ForkServerError
-from .worker import process_name
+from ..errors import ForkServerError
+from ..worker import process_name
 
 IMPORTS = ("torch", "torch.distributed", "flair", "flair.models", "flair.embeddings", "flair.trainers",
            "flair_nbddp.worker.main")  # fmt: skip
@@ -60,7 +60,7 @@ WORKER_NAME = "flair_nbddp wkr"  # a forked worker's name until it reads its ran
 _MESSAGE_BYTES = 1 << 20
 _PR_SET_PDEATHSIG = 1
 _SERVER_COMMAND = (
-    f"import sys; sys.path.insert(0, {PACKAGE_ROOT!r}); from flair_nbddp.forkserver import serve; serve()"
+    f"import sys; sys.path.insert(0, {PACKAGE_ROOT!r}); from flair_nbddp.engine.forkserver import serve; serve()"
 )
 
 
@@ -378,6 +378,6 @@ def _become_worker(env: dict[str, str], cwd: str, fds: dict[str, int], settled: 
 
         torch.set_num_threads(int(threads))
     sys.argv = ["-c", *(str(fds[name]) for name in ("channel", "listen") if name in fds)]  # as a fresh worker's
-    from .worker.main import main
+    from ..worker.main import main
 
     main()

@@ -1,8 +1,8 @@
 """One run: ``fn(*args, **kwargs)`` on every rank a worker source gives, from start to result.
 
 A :class:`Run` packs the call once into its run directory, asks its
-:class:`~flair_nbddp.worker_source.WorkerSource` for ranks, and leaves the watching to a
-:class:`~flair_nbddp.supervisor.Supervisor`. It imports no UI: views read its ``state``; the
+:class:`~flair_nbddp.engine.worker_source.WorkerSource` for ranks, and leaves the watching to a
+:class:`~flair_nbddp.engine.supervisor.Supervisor`. It imports no UI: views read its ``state``; the
 user-facing functions (:func:`flair_nbddp.launch`, :func:`flair_nbddp.start`) build it.
 
 Example::
@@ -27,26 +27,26 @@ from typing import Callable
 
 from .claims import HOLDINGS, Claim
 from .devices import DevicePlan
-from .errors import (
+from ..errors import (
     ConfigurationError,
     NotCallableError,
     RunStateError,
     ShippingError,
     StillRunningError,
 )
-from .ledger.provenance import Provenance
-from .ledger.store import Ledger
-from .options import RunOptions
+from ..ledger.provenance import Provenance
+from ..ledger.store import Ledger
+from ..options import RunOptions
 from .rank_output import RankOutput
 from .recorder import RunRecorder
-from .result import RunResult
+from ..result import RunResult
 from .resume import resume_point
 from .rundir import RunDir
 from .state import RunState
 from .supervisor import Limits, Supervisor
-from .wire import payload
-from .wire.events import Job
-from .wire.pool_ref import PoolRef
+from ..wire import payload
+from ..wire.events import Job
+from ..wire.pool_ref import PoolRef
 from .worker_source import RankGroup, WorkerSource
 
 SEED_ENV = "FLAIR_NBDDP_SEED"
@@ -106,11 +106,11 @@ class Run:
 
     Args:
         fn, args, kwargs: the call every rank makes (packed once, read by every rank).
-        source: where the ranks come from (:class:`~flair_nbddp.worker_source.ColdWorkers`, a
-            :class:`~flair_nbddp.WorkerPool`, or any :class:`~flair_nbddp.worker_source.WorkerSource`).
+        source: where the ranks come from (:class:`~flair_nbddp.engine.worker_source.ColdWorkers`, a
+            :class:`~flair_nbddp.WorkerPool`, or any :class:`~flair_nbddp.engine.worker_source.WorkerSource`).
         options: the :class:`~flair_nbddp.RunOptions` (seed, limits, output, run directory...); where the ranks
             run is ``source``'s business.
-        provenance: how the run was asked for, as the run ledger records it (:mod:`~flair_nbddp.recorder`);
+        provenance: how the run was asked for, as the run ledger records it (:mod:`~flair_nbddp.engine.recorder`);
             default: a call of ``fn``.
         stop_recycles: a stopped run's workers are replaced before a pool's next job (flair's training may
             leave state behind). False: a run whose every rank returned after the stop leaves them as they
@@ -119,7 +119,7 @@ class Run:
         chunk_size: the ``mini_batch_chunk_size`` every flair training of the run uses instead of its own (a
             restart after running out of memory, ``on_oom="halve_chunk"``); None: theirs.
         shared_payload: the call packed once for several runs (a restart's attempts,
-            :class:`~flair_nbddp.restarts.Restarts`): this run ships it if it was packed, else packs it there.
+            :class:`~flair_nbddp.engine.restarts.Restarts`): this run ships it if it was packed, else packs it there.
 
     Raises:
         NotCallableError: ``fn`` is not callable.
@@ -174,7 +174,7 @@ class Run:
 
     @property
     def plan(self) -> DevicePlan:
-        """The :class:`~flair_nbddp.devices.DevicePlan` the run uses (its source's)."""
+        """The :class:`~flair_nbddp.engine.devices.DevicePlan` the run uses (its source's)."""
         return self.source.plan
 
     @property
@@ -204,7 +204,7 @@ class Run:
         Raises:
             RunStateError: the run was started before.
             RunActiveError: another active run of this process holds one of its devices (GPUs, CPU process slots,
-                Dask workers; :mod:`~flair_nbddp.claims`): the message names it.
+                Dask workers; :mod:`~flair_nbddp.engine.claims`): the message names it.
             ShippingError: ``fn`` or an argument cannot be pickled (nothing runs: workers started for the run while
                 a corpus was packed are ended at once).
             PayloadWriteError: the payload cannot be written, e.g. the disk is full (nothing runs, as above).

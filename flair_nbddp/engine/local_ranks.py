@@ -29,10 +29,10 @@ from typing import Any
 
 from . import forkserver
 from .devices import PACKAGE_ROOT, DevicePlan, rendezvous_socket, worker_environment
-from .errors import describe_exit
+from ..errors import describe_exit
 from .pending_worker import PendingWorker, signal_group
 from .rundir import RunDir
-from .wire.events import EXIT, Job, WorkerSpec
+from ..wire.events import EXIT, Job, WorkerSpec
 
 TERMINATE_GRACE_SECONDS = 3.0
 RENDEZVOUS_TIMEOUT_SECONDS = 600
@@ -50,8 +50,8 @@ def spawn_worker(
     ``started`` at once, send it ``spec``, and return the parent's end of the private socket pair it listens on.
     Rank 0 inherits ``listen``, its store's socket.
 
-    A CPU rank on Linux is forked from :mod:`~flair_nbddp.forkserver`'s server, which imports torch and flair once:
-    a :class:`~flair_nbddp.pending_worker.PendingWorker`, forked as soon as the server is ready, without waiting
+    A CPU rank on Linux is forked from :mod:`~flair_nbddp.engine.forkserver`'s server, which imports torch and flair once:
+    a :class:`~flair_nbddp.engine.pending_worker.PendingWorker`, forked as soon as the server is ready, without waiting
     for it here. Other ranks, and those whose server could not start, are fresh interpreters.
 
     Every descriptor and process is accounted for, even if an interrupt lands between two lines: an
