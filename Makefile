@@ -1,7 +1,8 @@
 # The two set-up commands of the README. Each creates .venv/ on first use.
 #   make demo   - the main job: train a text classifier on every device (CPU processes without a GPU)
 #   make test   - the test suite (what CI runs through .ci/run)
-# and for the inner loop: make test-fast - the fast tier (no processes, kernels, browser or cluster) and the doctests
+# and for the inner loop: make test-fast - the fast tier (no processes, kernels, browser or cluster) and the doctests;
+# make docs - the documentation site, built into site/ in strict mode
 VENV        := .venv
 PY          := $(VENV)/bin/python
 # torch first, only when .venv has none, as `pip install $(TORCH)`: pip takes it from its index (PyPI's Linux
@@ -10,7 +11,7 @@ PY          := $(VENV)/bin/python
 TORCH       ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: demo test test-fast venv
+.PHONY: demo test test-fast docs venv
 
 venv: $(VENV)/.installed
 
@@ -31,4 +32,7 @@ test: venv
 	$(PY) -m pytest -q --durations=5 -m cluster
 
 test-fast: venv
-	$(PY) -m pytest -q -m "not process and not kernel and not browser and not cluster"
+	$(PY) -m pytest -q -m "not process and not kernel and not browser and not cluster and not docs"
+
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict

@@ -107,7 +107,8 @@ def launch(
         UnsupportedPlatformError: on Windows (the workers need POSIX).
         DashboardUnavailableError: ``dashboard=True`` outside a Jupyter kernel.
         RunActiveError: another active run of this kernel holds a device it needs (the message names that run).
-        Each before any worker starts, except the first two. All derive from :class:`FlairNbddpError`.
+
+    Each but the first two is raised before any worker starts; all derive from :class:`FlairNbddpError`.
 
     Example::
 

@@ -1,8 +1,8 @@
 """Shared fixtures, and the test tiers.
 
 Every test belongs to one tier. ``process`` (starts worker processes), ``kernel`` (starts a Jupyter kernel),
-``browser`` (JupyterLab in headless Chromium) and ``cluster`` (a Dask scheduler and workers on 127.0.0.1) are
-marked in the test files; every other test is in the fast tier, and a fast test that starts workers, ranks on a
+``browser`` (JupyterLab in headless Chromium), ``cluster`` (a Dask scheduler and workers on 127.0.0.1) and ``docs``
+(the documentation site built in strict mode) are marked in the test files; every other test is in the fast tier, and a fast test that starts workers, ranks on a
 cluster or a kernel fails with the marker to add.
 ``make test-fast`` runs the fast tier (with the package's doctests), ``make test`` all of them.
 """
@@ -33,7 +33,7 @@ os.environ.setdefault("FLAIR_NBDDP_PROCESSES", "2")
 # interrupt as the kernel's Interrupt does, so this process, and what it starts, take SIGINT as Python does.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-SLOW_TIERS = ("process", "kernel", "browser", "cluster")
+SLOW_TIERS = ("process", "kernel", "browser", "cluster", "docs")
 TIER_ENV = "FLAIR_NBDDP_TEST_TIER"
 
 
@@ -73,7 +73,7 @@ def lab_server(tmp_path_factory):
 # longest first, so that neither process waits for the other at the end: the notebooks, the Binder build, then the
 # tiers from the slowest to the fast one.
 LONGEST_FIRST = ("tests/test_notebooks.py", "tests/test_binder.py")
-TIERS_BY_LENGTH = ("kernel", "browser", "cluster", "process")  # then the fast tier
+TIERS_BY_LENGTH = ("kernel", "browser", "cluster", "process", "docs")  # then the fast tier
 BROWSER_UNIT = "the browser tests"
 
 

@@ -536,7 +536,8 @@ class TrainingPanel:
         Raises:
             RunActiveError: a run is active (this panel's or another in this kernel).
             DeviceError, ShippingError: impossible devices, or ``fn``/an argument that cannot be shipped.
-            Each is also shown in the panel's red message area.
+
+        Each is also shown in the panel's red message area.
         """
         try:
             if self.active:

@@ -181,7 +181,8 @@ class Sweep:
 
         Raises:
             StillRunningError: it did not end within ``timeout`` seconds (it goes on).
-            Whatever ended the sweep with an error (as :func:`sweep` raises it).
+
+        Otherwise it raises whatever ended the sweep with an error, as :func:`sweep` raises it.
         """
         if self._thread is not None:
             self._thread.join(timeout)
@@ -250,9 +251,10 @@ def sweep(
     Raises:
         ConfigurationError: a wrong ``space``, ``direction``, ``trial_processes``, or a study of the other direction.
         MissingDependencyError: Optuna is not installed (``pip install 'flair_nbddp[sweep]'``).
-        Whatever starting a trial raises that is not the trial's own failure (e.g. a :class:`ShippingError`): the
-        running trials are stopped first.
         KeyboardInterrupt: a second interrupt while the trials stop (their workers were ended).
+
+    It also raises whatever starting a trial raises that is not the trial's own failure (e.g. a
+    :class:`ShippingError`), once the running trials are stopped.
 
     Example::
 

@@ -2,7 +2,7 @@
 
 flair's transformer embeddings tokenize a batch's sentences each time they embed it: every batch of every epoch,
 for training and for every evaluation, on the rank's CPU while its GPU waits (53 % of a DistilBERT step on an
-H200, #34). In a worker with fast inputs on (``launch(..., fast_inputs=True)``, the default), flair's own code
+H200). In a worker with fast inputs on (``launch(..., fast_inputs=True)``, the default), flair's own code
 still builds the model's inputs, but its tokenizer call goes to a stand-in that tokenizes only the sentences of
 the batch it has not seen before (put together from their words' ids, each word tokenized once, :mod:`.word_pieces`;
 or in one call of the real tokenizer, as flair would), keeps each sentence's

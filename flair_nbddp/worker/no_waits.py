@@ -3,7 +3,7 @@
 A rank's CPU prepares the GPU's work while the GPU computes the work already queued, unless the CPU asks for a value
 the GPU has not made yet: then it waits until the GPU has finished everything queued, and the GPU idles while
 the CPU prepares what comes next. In every training batch, flair 0.15.1's step with a transformer waits four times
-(``benchmarks/throughput.py`` with ``BENCH_SYNCS``, #34). Three of those waits ask for something the CPU already has:
+(``benchmarks/throughput.py`` with ``BENCH_SYNCS``). Three of those waits ask for something the CPU already has:
 
 * transformers' ``_prepare_4d_attention_mask_for_sdpa`` asks the GPU whether the attention mask is all ones
   (then the model runs without one). With fast inputs the kit built that mask on the host: the answer travels with
