@@ -8,7 +8,7 @@ in the same run so that the ratios compare like with like:
 
 * memory: each worker's peak resident memory (the kernel's high-water mark of the worker process, VmHWM) after
   reading every training sentence twice (two epochs' worth), on fresh workers, for two corpus sizes; the growth
-  per 1,000 documents, lazy (target <= 10 MB) and built (``lazy_corpus=False``, ~120 MB before this change);
+  per 1,000 documents, lazy (target <= 10 MB) and built (``lazy_corpus=False``, for comparison);
 * first batch: from the launch call to rank 0's first finished training batch, with 50,000 documents and with
   1,000 (``--quick``: 20,000), cold (a plain ``launch``: packing and new workers included) and warm (a pool,
   the corpus given as a ``PoolRef`` from ``pool.put``, which an earlier job has used): medians of interleaved

@@ -1,4 +1,4 @@
-"""What a full checkpoint at every epoch's end costs a training (#35).
+"""What a full checkpoint at every epoch's end costs a training.
 
     python benchmarks/checkpoint_cost.py --device cpu --size tiny --docs 800
     python benchmarks/checkpoint_cost.py --device cuda --size distilbert --docs 4000

@@ -5,10 +5,10 @@
 
 Each launch starts new workers (no pool): a trivial job, then a short training of the tiny model on a corpus built
 once, here, like in a notebook (``--jobs`` picks either or both, in that order). On CPU the kit forks its workers from
-a server that imported torch and flair once (``flair_nbddp/engine/forkserver.py``): the first launch starts it, and its ranks
-are forked once it is ready (kits before ``pending_worker.py`` started them afresh beside it); the next launches fork
-from it (the benchmark waits until it is ready after the first launch, as a notebook's next cell would find it; a
-kit without the server, as an earlier commit's, waits for nothing). CPU time is the whole
+a server that imported torch and flair once (``flair_nbddp/engine/forkserver.py``): the first launch starts it, and its
+ranks are forked once it is ready (``flair_nbddp/engine/pending_worker.py``); the next launches fork from it (the
+benchmark waits until it is ready after the first launch, as a notebook's next cell would find it; with a kit that has
+no fork server it waits for nothing, so the same script compares kits with and without one). CPU time is the whole
 machine's (user + system, every process: the workers, their server and this one), so run it on a quiet machine.
 Prints one JSON line: per launch, its wall seconds, CPU seconds and (trainings) seconds to the first batch.
 """

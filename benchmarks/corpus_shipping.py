@@ -14,8 +14,7 @@ review) and packs it; a fresh "worker" process then reads the file and unpacks i
   ``/proc/self/clear_refs`` so that building the corpus does not hide it; where that reset is not
   allowed, ``ru_maxrss`` is used and the figure is a lower bound (``peak_source`` says which);
 * unpack_s: worker time to read the file and rebuild the corpus, flair already imported;
-  verify_s: for the codec, the check each flair_nbddp worker makes: the sha256 of the bytes it read
-  (before 2026-12-03 workers re-encoded the rebuilt corpus instead, several times slower);
+  verify_s: for the codec, the check each flair_nbddp worker makes: the sha256 of the bytes it read;
   gc_after_s: a full garbage collection right after, the cost the rebuilt objects add to the
   collector (the codec pauses the collector while it decodes, cloudpickle does not);
 * worker_peak_mb: the worker's peak resident memory (``ru_maxrss``).

@@ -1,4 +1,4 @@
-"""From a rank's death to the first batch after the automatic restart (#35), cold, on a pool and on a Dask cluster.
+"""From a rank's death to the first batch after the automatic restart: cold, on a pool and on a Dask cluster.
 
     python benchmarks/restart_latency.py --json results/cpu-restart-latency.json
 

@@ -3,7 +3,7 @@
     python benchmarks/run.py --quick --json results.json          # ~10 minutes on a 2-core CPU machine
     python benchmarks/run.py --device cuda --json results.json    # the full suite, e.g. on a GPU machine
 
-    # the same suite in pieces, e.g. where one command may run only 10 minutes: each call adds its parts
+    # the same suite in pieces, e.g. where a command's time is limited: each command adds its parts
     python benchmarks/run.py --device cuda --parts throughput --json results.json
     python benchmarks/run.py --device cuda --parts dashboard,first_batch --json results.json --update
 
@@ -113,7 +113,7 @@ def throughput(
     runs: dict[str, list[dict]] = {launcher: [] for launcher in LAUNCHERS} | figures.get("throughput_runs", {})
     common = ["--device", device, "--size", size, "--docs", str(docs), "--batch", "32"]
     for _ in range(repeats):
-        rounds = figures.get("throughput_rounds", 0)  # an earlier --update call's rounds included
+        rounds = figures.get("throughput_rounds", 0)  # the rounds of an earlier --update command included
         figures["throughput_rounds"] = rounds + 1
         for launcher in launchers[::-1] if rounds % 2 else launchers:
             runs[launcher].append(script("throughput", "--launcher", launcher, *common))
@@ -274,7 +274,7 @@ def main() -> None:
     os.environ["FLAIR_NBDDP_DEVICE"] = args.device
     machine = versions()
     figures: dict = start_figures(args) | {"quick": args.quick, "device": args.device, **machine}
-    figures.setdefault("calls", []).append({"argv": sys.argv[1:], **machine})  # each call's own machine and date
+    figures.setdefault("commands", []).append({"argv": sys.argv[1:], **machine})  # each command's machine and date
 
     def save() -> None:  # after each part and each throughput run: a suite cut short keeps what it measured
         if args.json:

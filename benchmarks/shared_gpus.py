@@ -1,4 +1,4 @@
-"""Rehearse a multi-GPU run on one GPU (#37): N ranks sharing it over gloo, against N CPU ranks, same seed.
+"""Rehearse a multi-GPU run on one GPU: N ranks sharing it over gloo, against N CPU ranks, same seed.
 
     python benchmarks/shared_gpus.py --json results/gpu-shared-gpus.json     # on a machine with a GPU
 

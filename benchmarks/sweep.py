@@ -1,4 +1,4 @@
-"""Sweeps (#36): trials side by side against the same trials one after the other, and a trial's overhead on a pool.
+"""Sweeps: trials side by side against the same trials one after the other, and a trial's overhead on a pool.
 
     python benchmarks/sweep.py --json results/cpu-sweep.json
 

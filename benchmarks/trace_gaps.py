@@ -15,6 +15,7 @@ Without a device in the trace (a CPU run) every batch counts as idle.
 
 from __future__ import annotations
 
+import argparse
 import bisect
 import gzip
 import json
@@ -136,7 +137,9 @@ def stacks_report(folder: Path) -> None:
 
 
 def main() -> None:
-    folder = Path(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folder", type=Path, help="what throughput.py wrote with BENCH_TRACE=DIR")
+    folder = parser.parse_args().folder
     device_report(folder)
     stacks_report(folder)
 

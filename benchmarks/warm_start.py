@@ -12,8 +12,8 @@ has), so that
     warm_first_batch_s = pack_s + unpack_s + rest_s    (rest: dispatch, health check, model and trainer set-up)
 
 Medians of ``--repeats`` warm jobs, each launched 2 s after the last ended, as the next cell would be.
-Prints one JSON line. Runs on any version of the kit that has ``WorkerPool`` and ``wire.payload`` (since the
-subpackages, 2026-12-05), so the same script measures the code before and after a change.
+Prints one JSON line. Runs on any version of the kit that has ``WorkerPool`` and ``wire.payload``, so the same
+script measures the code before and after a change.
 """
 
 from __future__ import annotations
