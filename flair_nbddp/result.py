@@ -14,13 +14,14 @@ from .engine.state import MetricPoint, RankInfo
 
 class Checkpoint(NamedTuple):
     """A full checkpoint rank 0 wrote: the last whole epoch before it, the file, the file's sha256 when it was
-    written, and the batches of the next epoch it had trained too (0: it is the epoch's end; more after a stop, or
-    with ``checkpoint_every``)."""
+    written, the batches of the next epoch it had trained too (0: it is the epoch's end; more after a stop, or
+    with ``checkpoint_every``), and flair's step count then (the step of its per-batch metrics)."""
 
     epoch: int
     path: Path
     sha256: str
     batch: int = 0
+    steps: int = 0
 
     def describe(self) -> str:
         """``"the end of epoch 2"``, or ``"epoch 3, batch 5"``.
@@ -79,7 +80,9 @@ class RunResult:
         samples_per_second: training throughput summed over ranks (0.0 if nothing trained).
         log: the lines the cell showed: rank 0's output and every other rank's stderr and warnings, prefixed
             ``[rank r]`` (every line of every rank with ``output="all"``); ``logs`` has each rank's full text.
-        metrics: every scalar flair recorded on rank 0, in order (``history`` filters by name).
+        metrics: every scalar flair recorded on rank 0, in order (``history`` filters by name). A run that resumed
+            (``resume=``, or a restart) has the whole curve: the earlier run's points up to the checkpoint it
+            continued from (``resumed_at``), then its own.
         ranks: the last word from each rank (pid, device, steps, samples, throughput, host and GPU memory, exit
             code); steps and samples are exact (a final heartbeat precedes each rank's end).
         seed: the seed every rank was given.
@@ -93,6 +96,8 @@ class RunResult:
             checkpoint it resumed from.
         attempts: with ``max_restarts``, every attempt of the run, the first included, each with its error (this
             result is the last attempt's); empty for a run that was not restarted.
+        resumed_at: ``(epoch, step)`` of the checkpoint the run continued from: the last whole epoch before it, and
+            flair's step count (the step of its per-batch metrics) there; None for a run from the start.
         error: the failure (WorkerError, RunTimeoutError, RunHangError) when ``status == "failed"``.
         record_id: the run's id in the run ledger (:func:`flair_nbddp.history`); None when it was not recorded.
 
@@ -124,6 +129,7 @@ class RunResult:
     record_id: int | None = None
     checkpoints: list[Checkpoint] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
+    resumed_at: tuple[int, int] | None = None
 
     @classmethod
     def from_run(cls, run: Any, value: Any, error: Exception | None) -> RunResult:
@@ -151,7 +157,8 @@ class RunResult:
             error=error,
             models=[Path(path) for path in snapshot.models],
             record_id=run.record_id,
-            checkpoints=[Checkpoint(epoch, Path(path), sha256, batch) for epoch, path, sha256, batch in snapshot.checkpoints],
+            checkpoints=[Checkpoint(epoch, Path(path), *rest) for epoch, path, *rest in snapshot.checkpoints],
+            resumed_at=snapshot.resumed_at,
         )
 
     @property

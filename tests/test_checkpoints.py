@@ -50,7 +50,7 @@ def _train(kind: str, model_path: str, base, resume=None, keep_at=None, every=No
         embedding = DocumentRNNEmbeddings([OneHotEmbeddings.from_corpus(corpus)], hidden_size=16, dropout=0.3)
         model = TextClassifier(embedding, "sentiment", label_dictionary=dictionary)
 
-    def saved(epoch, batch, path, sha256):
+    def saved(epoch, batch, steps, path, sha256):
         if (epoch, batch) == keep_at:
             (base / "kept").mkdir()
             shutil.copy(path, base / "kept" / path.name)
@@ -199,3 +199,18 @@ def test_rank_0_pins_ahead_as_the_first_step_ends_and_again_for_states_the_optim
     optimizer.step()
     batch_ends()  # the second layer's states are new, and the next checkpoint pins them as it copies them
     assert len(optimizer.state) == 4 and pinned_for == [0, 2]
+
+
+def test_a_plugins_state_is_named_alike_on_every_rank_though_loggers_attach_on_rank_0_only():
+    """flair attaches a logger the user passed on rank 0 only: the scheduler after it must keep its name on rank 1,
+    or rank 1 would resume without its schedule (its learning rate then differing from rank 0's)."""
+    from flair.trainers.plugins import LinearSchedulerPlugin, TensorboardLogger
+
+    def names(plugins: list) -> list[str]:  # the trainer's plugins but the checkpointing one
+        return [name for name, _ in checkpoints.Checkpointing._plugins(SimpleNamespace(trainer=SimpleNamespace(
+            plugins=plugins)))]  # fmt: skip
+
+    logger = TensorboardLogger.__new__(TensorboardLogger)  # its writer is not wanted here
+    schedulers = [LinearSchedulerPlugin(warmup_fraction=0.1), LinearSchedulerPlugin(warmup_fraction=0.2)]
+    assert names([logger, *schedulers]) == ["TensorboardLogger:0", "LinearSchedulerPlugin:0", "LinearSchedulerPlugin:1"]
+    assert names(schedulers) == ["LinearSchedulerPlugin:0", "LinearSchedulerPlugin:1"]

@@ -1,5 +1,6 @@
 """Resume: a run that failed in epoch 3 continues from its last full checkpoint and ends as the uninterrupted run
-did, bit for bit; a resume that cannot continue the same training is refused before any worker starts."""
+did, bit for bit, its curves one curve from the first epoch; a resume that cannot continue the same training is
+refused before any worker starts."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import flair_nbddp
 from flair_nbddp import ResumeError, WorkerError, launch, start
 from flair_nbddp.synthetic import ner_corpus, sentiment_corpus
 
-CURVES = ("train/loss", "dev/loss", "dev/score")
+CURVES = ("train/loss", "dev/loss", "dev/score", "train/batch_loss")  # per epoch, and per step
 CORPUS = dict(n_train=32, n_dev=8, n_test=8, seed=4)
 
 
@@ -44,11 +45,14 @@ def test_a_failed_run_resumed_from_its_last_checkpoint_ends_as_the_uninterrupted
     assert failed.status == "failed" and [c["epoch"] for c in failed.checkpoints] == [1, 2]
 
     resumed = run("interrupted", pool=warm_pool, resume=failed)  # on the workers the pool put in place
-    # epochs 1 and 2 in the failed run's record, 3 and 4 in the resumed run's: the uninterrupted curves
+    # one curve, in the result and in the ledger: the failed run's up to its checkpoint (the end of epoch 2), then
+    # the resumed run's own: the uninterrupted run's curves
+    record = flair_nbddp.history(limit=1)[0]
     for name in CURVES:
-        assert failed.history(name) + resumed.history(name) == whole.history(name), name
+        assert resumed.history(name) == record.history(name) == whole.history(name), name
+    assert resumed.resumed_at == record.resumed_at == (2, failed.checkpoints[-1]["steps"]) == (2, 8)
     assert resumed.value["test_score"] == whole.value["test_score"]
-    assert flair_nbddp.history(limit=1)[0].resumed_from == failed.id
+    assert record.resumed_from == failed.id
     assert f"resuming run #{failed.id} from the end of epoch 2" in capsys.readouterr().out  # the cell says so
 
     # the same function and corpus are required...
@@ -83,7 +87,8 @@ def test_a_run_stopped_mid_epoch_resumes_from_the_batch_it_stopped_at_and_ends_a
     assert stopped.checkpoints[-1].epoch == ends[-1]
     resumed = warm_pool.launch(fine_tune_failing_once, args("stopped"), seed=11, dashboard=False, resume=stopped)
     for name in CURVES:
-        assert stopped.history(name) + resumed.history(name) == whole.history(name), name
+        assert resumed.history(name) == whole.history(name), name
+    assert resumed.resumed_at == (stopped.checkpoints[-1].epoch, stopped.checkpoints[-1].steps)
     assert resumed.value["test_score"] == whole.value["test_score"]
 
 
@@ -205,8 +210,9 @@ def test_a_rank_killed_in_epoch_3_is_restarted_from_its_last_checkpoint_and_the_
     failed = flair_nbddp.history(limit=2)[1]
     assert [(c["epoch"], c["batch"]) for c in failed.checkpoints] == [(0, 3), (1, 0), (1, 2), (2, 0), (2, 1)]
     assert failed.id == first.record_id and flair_nbddp.history(limit=1)[0].resumed_from == failed.id
-    for name in CURVES:  # the attempts together: the uninterrupted run's curves, bit for bit
-        assert failed.history(name) + result.history(name) == whole.history(name), name
+    for name in CURVES:  # one curve from the first epoch: the uninterrupted run's, bit for bit
+        assert result.history(name) == whole.history(name), name
+    assert result.resumed_at == (2, failed.checkpoints[-1]["steps"]) == (2, 9)  # epoch 3, batch 1: step 9
     assert result.value["test_score"] == whole.value["test_score"]
     # the failed attempt's workers are gone (the pool replaced them), and the restart ran on the new ones
     assert not [rank.pid for rank in first.error.result.ranks if psutil.pid_exists(rank.pid)]
@@ -230,9 +236,8 @@ def test_embeddings_flair_stored_on_evaluated_sentences_are_resumed_with_them(wa
     marker.touch()
     restarted = run("restarted", max_restarts=1)
     assert [attempt.status for attempt in restarted.attempts] == ["failed", "finished"]
-    failed = flair_nbddp.history(limit=2)[1]
     for name in CURVES:
-        assert failed.history(name) + restarted.history(name) == whole.history(name), name
+        assert restarted.history(name) == whole.history(name), name
     assert restarted.value["test_score"] == whole.value["test_score"]
 
 

@@ -183,8 +183,8 @@ class RunRecorder:
 
 
 def _checkpoints(checkpoints: Any) -> list[dict]:
-    """Full checkpoints as the ledger keeps them: ``[{"epoch", "path", "sha256", "batch"}]``."""
+    """Full checkpoints as the ledger keeps them: ``[{"epoch", "path", "sha256", "batch", "steps"}]``."""
     return [
-        {"epoch": epoch, "path": str(path), "sha256": sha256, "batch": batch}
-        for epoch, path, sha256, batch in checkpoints
+        {"epoch": epoch, "path": str(path), "sha256": sha256, "batch": batch, "steps": steps}
+        for epoch, path, sha256, batch, steps in checkpoints
     ]

@@ -7,7 +7,8 @@ checkpoints, unchecked for code and corpus. :func:`resume_point` finds that run'
 refuses, with :class:`~flair_nbddp.ResumeError` naming the cause and the fix, a run that wrote none, a file that
 is gone or is not the one written (its sha256), another number of processes (each rank resumes its own random
 generators), and, unless ``resume_force``, another function (its source's sha256) or another corpus (the sha256s of
-the corpora shipped).
+the corpora shipped). The point carries the earlier run's curve up to the checkpoint: the resumed run shows it
+first, so that its curve is one curve from the first epoch.
 """
 
 from __future__ import annotations
@@ -20,18 +21,27 @@ from typing import Any
 from ..errors import ResumeError
 from ..ledger.store import Ledger, RunRecord
 from ..result import Checkpoint, RunResult
+from .state import MetricPoint, per_step
 
 
 @dataclass(frozen=True)
 class ResumePoint:
     """The checkpoint a run continues from: the run that wrote it, the last whole epoch before it, the file and its
-    sha256, and the batches of the next epoch it had trained (0: the epoch's end)."""
+    sha256, the batches of the next epoch it had trained (0: the epoch's end), flair's step count there, and the
+    earlier run's metrics up to it (:func:`curve_until`)."""
 
     record_id: int | None
     epoch: int
     path: str
     sha256: str
     batch: int = 0
+    steps: int = 0
+    curve: tuple[MetricPoint, ...] = ()
+
+    @property
+    def checkpoint(self) -> tuple[int, str, str, int, int]:
+        """The checkpoint as a run's state keeps it: ``(epoch, path, sha256, batch, steps)``."""
+        return self.epoch, self.path, self.sha256, self.batch, self.steps
 
     def describe(self) -> str:
         """The line the cell shows as the run starts."""
@@ -87,7 +97,23 @@ def resume_point(resume: Any, new: RunRecord, world_size: int, force: bool, ledg
                 "training. Resume with the same corpus, or pass resume_force=True (--resume-force) to continue "
                 "with this one."
             )
-    return ResumePoint(earlier.id, int(last["epoch"]), str(path), last["sha256"], int(last.get("batch", 0)))
+    epoch, steps = int(last["epoch"]), int(last.get("steps", 0))
+    points = resume.metrics if isinstance(resume, RunResult) else earlier.metrics()
+    return ResumePoint(earlier.id, epoch, str(path), last["sha256"], int(last.get("batch", 0)), steps,
+                       curve_until(points, epoch, steps))  # fmt: skip
+
+
+def curve_until(points: list[MetricPoint], epoch: int, steps: int) -> tuple[MetricPoint, ...]:
+    """The points of a run's curve up to its checkpoint at ``epoch`` (the last whole one) and flair's step count
+    ``steps``: what a run resumed from there does not record again.
+
+    Example:
+        >>> points = [MetricPoint("train/batch_loss", 0.9, 4, 0), MetricPoint("train/loss", 0.8, 1, 0),
+        ...           MetricPoint("train/batch_loss", 0.7, 8, 0), MetricPoint("train/loss", 0.6, 2, 0)]
+        >>> [(point.name, point.step) for point in curve_until(points, epoch=1, steps=4)]
+        [('train/batch_loss', 4), ('train/loss', 1)]
+    """
+    return tuple(point for point in points if point.step <= (steps if per_step(point.name) else epoch))
 
 
 def _earlier_run(resume: Any, name: str, ledger: Ledger | None) -> RunRecord:

@@ -245,9 +245,7 @@ class Run:
                 point = resume_point(self.options.resume, record, self.plan.world_size, self.options.resume_force,
                                      self._recorder.ledger)  # fmt: skip
                 record.resumed_from = point.record_id
-                # the run's state until it writes its own (a stop before that, or at its epoch's last batch, resumes
-                # from here again)
-                self.state.checkpoints = ((point.epoch, point.path, point.sha256, point.batch),)
+                self.state.continue_from(point.checkpoint, point.curve)
                 print(f"flair_nbddp: {point.describe()}")
             self._recorder.begin(self, record)
             notice = self.plan.rehearsal_notice()

@@ -70,6 +70,21 @@ class MetricPoint:
     time: float
 
 
+# the metrics flair records at its step count (``batch_count``, which goes on across epochs); it records every other
+# one at the epoch (train/loss, dev/score, dev/loss, test/...)
+PER_STEP_METRICS = ("train/batch_loss", "train/gradient_norm", "learning_rate", "optimizer/")
+
+
+def per_step(name: str) -> bool:
+    """True for a metric flair records at every step, False for one it records at every epoch.
+
+    Example:
+        >>> per_step("train/batch_loss"), per_step("learning_rate/0"), per_step("dev/score")
+        (True, True, False)
+    """
+    return name.startswith(PER_STEP_METRICS)
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """A consistent copy of a run's state at one moment."""
@@ -92,7 +107,9 @@ class Snapshot:
     stop_requested: bool
     checkpoint: str | None
     models: tuple[str, ...] = ()  # the model files flair saved on rank 0 (absolute paths)
-    checkpoints: tuple[tuple[int, str, str, int], ...] = ()  # (epoch, path, sha256, batch) of each full checkpoint
+    # (epoch, path, sha256, batch, steps) of each full checkpoint
+    checkpoints: tuple[tuple[int, str, str, int, int], ...] = ()
+    resumed_at: tuple[int, int] | None = None  # (epoch, step) of the checkpoint the run continued from
 
     @property
     def elapsed(self) -> float:
@@ -175,7 +192,8 @@ class RunState:
     stop_requested: bool = False
     checkpoint: str | None = None
     models: tuple[str, ...] = ()
-    checkpoints: tuple[tuple[int, str, str, int], ...] = ()
+    checkpoints: tuple[tuple[int, str, str, int, int], ...] = ()
+    resumed_at: tuple[int, int] | None = None
     max_log_lines: int = 20_000
     rank_tail_lines: int = 200
 
@@ -232,7 +250,8 @@ class RunState:
             elif isinstance(event, Stopped):
                 self.checkpoint = event.checkpoint
             elif isinstance(event, CheckpointSaved):
-                self.checkpoints = (*self.checkpoints, (event.epoch, event.path, event.sha256, event.batch))
+                checkpoint = (event.epoch, event.path, event.sha256, event.batch, event.steps)
+                self.checkpoints = (*self.checkpoints, checkpoint)
             elif isinstance(event, ModelsSaved):
                 self.models = tuple(dict.fromkeys([*self.models, *event.paths]))
             elif isinstance(event, Finished):
@@ -256,6 +275,15 @@ class RunState:
             overflow = len(self._log) - self.max_log_lines
             if overflow > 0:
                 del self._log[:overflow]
+
+    def continue_from(self, checkpoint: tuple[int, str, str, int, int], curve: tuple[MetricPoint, ...]) -> None:
+        """The run continues an earlier one from ``checkpoint``: its curve so far (the earlier run's points up to the
+        checkpoint) comes first, and the checkpoint is the run's own until it writes one (a stop before that resumes
+        from it again)."""
+        with self._lock:
+            self.version += 1
+            self._metrics[:0] = curve
+            self.checkpoints, self.resumed_at = (checkpoint,), (checkpoint[0], checkpoint[4])
 
     def metrics_since(self, cursor: int) -> tuple[list[MetricPoint], int]:
         """The metric points recorded after the first ``cursor`` ones, and the cursor to pass next time.
@@ -338,4 +366,5 @@ class RunState:
                 checkpoint=self.checkpoint,
                 models=self.models,
                 checkpoints=self.checkpoints,
+                resumed_at=self.resumed_at,
             )

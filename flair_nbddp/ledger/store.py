@@ -112,8 +112,8 @@ class RunRecord:
         status: ``"running"``, ``"finished"``, ``"stopped"``, ``"failed"``, or ``"lost"`` (its kernel died).
         error: the failure in a line or a few (None unless failed or lost).
         name: the function's name (``"%%ddp_train"`` for a cell of the magic).
-        origin: ``"launch"``, ``"start"``, ``"%%ddp_train"``, ``"panel"`` or ``"sweep"``; ``workers``: ``"ColdWorkers"``,
-            ``"WorkerPool"``, or another worker source's class.
+        origin: ``"launch"``, ``"start"``, ``"%%ddp_train"``, ``"%%ddp_exec"``, ``"exec"``, ``"panel"`` or ``"sweep"``;
+            ``workers``: ``"ColdWorkers"``, ``"WorkerPool"``, or another worker source's class.
         source, source_hash: the function's source (the cell's, for the magic) and its sha256.
         params: the call as described for the record: ``{"args": [...], "kwargs": {...}}`` (the magic:
             ``{"variables": {...}}``); a corpus is ``{"type": "Corpus", "train": n, "dev": n, "test": n,
@@ -125,8 +125,10 @@ class RunRecord:
             ``dev/score``, ``train/loss``).
         ranks: each rank's last word (pid, device, steps, samples, samples/s, memory, exit code, host, Dask worker).
         checkpoint, models: the model saved by a stop; every model file flair saved.
-        checkpoints: every full checkpoint rank 0 wrote, ``{"epoch", "path", "sha256", "batch"}``, in order (a resume
-            continues from the last; a resumed run's list starts with the one it began from); resumed_from: the id of the run this one resumed from (None: none).
+        checkpoints: every full checkpoint rank 0 wrote, ``{"epoch", "path", "sha256", "batch", "steps"}``, in order
+            (a resume continues from the last; a resumed run's list starts with the one it began from, and its
+            metrics with the earlier run's curve up to there); resumed_from: the id of the run this one resumed from
+            (None: none).
         trial: for a sweep's trial (:func:`flair_nbddp.sweep`), ``{"study", "number", "params", "state", "value"}``,
             the state ``"running"``, ``"complete"``, ``"pruned"``, ``"failed"`` or ``"stopped"``, the value Optuna
             was told (None unless complete); else empty.
@@ -186,6 +188,14 @@ class RunRecord:
         if self.ledger is None or self.id is None:
             return []
         return self.ledger.metrics(self.id, name)
+
+    @property
+    def resumed_at(self) -> tuple[int, int] | None:
+        """``(epoch, step)`` of the checkpoint the run continued from (as :attr:`~flair_nbddp.RunResult.resumed_at`);
+        None for a run from the start."""
+        if self.resumed_from is None or not self.checkpoints:
+            return None
+        return int(self.checkpoints[0]["epoch"]), int(self.checkpoints[0].get("steps", 0))
 
     @property
     def kwargs(self) -> dict:

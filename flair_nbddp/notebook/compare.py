@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ..engine.state import per_step
 from ..errors import ConfigurationError
 from ..ledger.store import RunRecord
 from .run_table import params_text
@@ -36,7 +37,9 @@ def run_label(record: RunRecord) -> str:
 def compare(records: Sequence[RunRecord], metric: str = "dev/score") -> Figure:
     """One line per run of ``metric`` against its step (the epoch, for flair's per-epoch metrics).
 
-    A run that did not record ``metric`` still gets its (empty) entry in the legend, marked so.
+    A run that did not record ``metric`` still gets its (empty) entry in the legend, marked so. A run that resumed
+    from a checkpoint (``resume=``, or a restart) shows its whole curve, the earlier run's part included, with a
+    dotted line in its colour where it continued.
 
     Args:
         records: runs from :func:`flair_nbddp.history`.
@@ -55,11 +58,15 @@ def compare(records: Sequence[RunRecord], metric: str = "dev/score") -> Figure:
     plt.close(figure)  # returned, not also drawn by pyplot at the end of the cell
     for record in records:
         points = record.history(metric)
+        resumed_at = record.resumed_at
         label = run_label(record) + ("" if points else f" — no {metric}")
+        if resumed_at is not None:
+            label += f", resumed from #{record.resumed_from} after epoch {resumed_at[0]}"
         steps, values = [step for step, _ in points], [value for _, value in points]
-        axes.plot(steps, values, marker="o" if len(points) <= MARKERS_UP_TO else None, label=label)
-    per_epoch = metric.startswith(("dev/", "test/")) or metric == "train/loss"
-    axes.set_xlabel("epoch" if per_epoch else "step")
+        (line,) = axes.plot(steps, values, marker="o" if len(points) <= MARKERS_UP_TO else None, label=label)
+        if resumed_at is not None and points:
+            axes.axvline(resumed_at[1] if per_step(metric) else resumed_at[0], color=line.get_color(), linestyle=":")
+    axes.set_xlabel("step" if per_step(metric) else "epoch")
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs (and steps), never 1.25
     axes.set_ylabel(metric)
     axes.set_title(f"{metric}, {len(records)} run(s)")

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from ..errors import DashboardUnavailableError, WorkerError
 from ..result import RunResult
 from ..engine.run import Run
-from ..engine.state import MetricPoint, RankInfo, Snapshot, rank_health
+from ..engine.state import MetricPoint, RankInfo, Snapshot, per_step, rank_health
 from ..engine.watch import RunView
 
 Series = dict[str, list[tuple[int, float]]]
@@ -182,11 +182,17 @@ def final_scores(series: Series) -> dict[str, float]:
 
 
 # -- HTML pieces ----------------------------------------------------------------------------------
-def svg_chart(points: list[tuple[float, float]], title: str, color: str, width: int = 300, height: int = 120) -> str:
-    """An inline SVG line chart of ``(x, y)`` points with its title, last value and axis ranges.
+def svg_chart(
+    points: list[tuple[float, float]], title: str, color: str, width: int = 300, height: int = 120,
+    resumed_at: float | None = None,
+) -> str:  # fmt: skip
+    """An inline SVG line chart of ``(x, y)`` points with its title, last value and axis ranges; a dashed line at
+    ``resumed_at``, where a resumed run's own points follow the earlier run's.
 
     Example:
         >>> "<polyline" in svg_chart([(1, 0.9), (2, 0.5), (3, 0.4)], "loss", "#2563eb")
+        True
+        >>> "resumed" in svg_chart([(1, 0.9), (2, 0.5), (3, 0.4)], "loss", "#2563eb", resumed_at=2)
         True
     """
     font = 'font-family="sans-serif" font-size="10"'
@@ -218,21 +224,33 @@ def svg_chart(points: list[tuple[float, float]], title: str, color: str, width: 
             f'<text x="{left}" y="{height - 2}" {text}>{x0:.0f}</text>',
             f'<text x="{right}" y="{height - 2}" text-anchor="end" {text}>{x1:.0f}</text>',
         ]
+        if resumed_at is not None and x0 <= resumed_at <= x1:
+            x = at(resumed_at, y0)[0]
+            parts += [
+                f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" stroke-dasharray="3,3" '
+                f'style="stroke:{MUTED_COLOR}"><title>resumed from a checkpoint here</title></line>',
+                f'<text x="{x + 3:.1f}" y="{top + 9}" {text}>resumed</text>',
+            ]
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" style="margin-right:24px">{"".join(parts)}</svg>'
     )
 
 
-def charts_html(series: Series) -> str:
-    """The loss curve (per batch, else per epoch) and the learning rate, side by side."""
+def charts_html(series: Series, resumed_at: tuple[int, int] | None = None) -> str:
+    """The loss curve (per batch, else per epoch) and the learning rate, side by side; a resumed run's
+    ``(epoch, step)`` marked on each."""
     loss_name, loss = first_series(series, LOSS_METRICS)
-    _, learning_rate = first_series(series, LEARNING_RATE_METRICS)
+    learning_rate_name, learning_rate = first_series(series, LEARNING_RATE_METRICS)
     loss_title = "loss per batch" if loss_name == "train/batch_loss" else "loss per epoch"
+
+    def mark(name: str) -> int | None:
+        return None if resumed_at is None else resumed_at[1] if per_step(name) else resumed_at[0]
+
     return (
         '<div style="display:flex;flex-wrap:wrap">'
-        + svg_chart(loss, loss_title, STATUS_COLORS["running"])
-        + svg_chart(learning_rate, "learning rate", "#9333ea")
+        + svg_chart(loss, loss_title, STATUS_COLORS["running"], resumed_at=mark(loss_name))
+        + svg_chart(learning_rate, "learning rate", "#9333ea", resumed_at=mark(learning_rate_name))
         + "</div>"
     )
 
@@ -244,8 +262,14 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
     return f'<table style="border-collapse:collapse;font-size:12px;line-height:1.5"><tr>{header}</tr>{body}</table>'
 
 
-def epoch_table_html(series: Series) -> str:
-    """One row per finished epoch: the train loss, and the dev loss and score where flair recorded them."""
+def epoch_table_html(series: Series, resumed_at: tuple[int, int] | None = None) -> str:
+    """One row per finished epoch: the train loss, and the dev loss and score where flair recorded them; a resumed
+    run's first own epoch marked ↻.
+
+    Example:
+        >>> "3 ↻" in epoch_table_html({"train/loss": [(2, 0.7), (3, 0.6)]}, resumed_at=(2, 40))
+        True
+    """
     columns = [name for name in EPOCH_COLUMNS if series.get(name)]
     if not columns:
         return f'<span style="color:{MUTED_COLOR};font-size:12px">no epoch finished yet</span>'
@@ -255,8 +279,11 @@ def epoch_table_html(series: Series) -> str:
             by_epoch.setdefault(epoch, {})[name] = value
     best = max((value for _, value in series.get("dev/score", [])), default=None)
     rows = []
+    resumed_after = resumed_at[0] if resumed_at else None
     for epoch in sorted(by_epoch):
-        cells = [str(epoch)]
+        first_own = resumed_after is not None and epoch == resumed_after + 1
+        cells = [f'<span title="resumed from the checkpoint of epoch {resumed_after}">{epoch} ↻</span>'
+                 if first_own else str(epoch)]  # fmt: skip
         for name in columns:
             value = by_epoch[epoch].get(name)
             text = "—" if value is None else f"{value:.4f}"
@@ -461,9 +488,9 @@ def dashboard_html(snapshot: Snapshot, problem: Problem = NO_PROBLEM) -> str:
         f'<div style="display:flex;justify-content:space-between">'
         f"<span>{title_html(snapshot)}</span>{status_html(snapshot)}</div>"
         f"{progress_bar_html(snapshot)}{outcome_html(snapshot, problem)}"
-        f"{charts_html(series)}"
+        f"{charts_html(series, snapshot.resumed_at)}"
         f'<div style="display:flex;flex-wrap:wrap;align-items:flex-start;gap:6px 40px;margin:6px 0">'
-        f"{epoch_table_html(series)}{ranks_table_html(snapshot)}</div>{log_html(snapshot)}</div>"
+        f"{epoch_table_html(series, snapshot.resumed_at)}{ranks_table_html(snapshot)}</div>{log_html(snapshot)}</div>"
     )
 
 
@@ -635,8 +662,8 @@ class Dashboard(RunView):
         if self._final_status:
             self.outcome.value = outcome_html(snapshot, self._problem)
             self.outcome.layout.display = None if self.outcome.value else "none"
-        self.charts.value = charts_html(series)
-        self.epochs.value = epoch_table_html(series)
+        self.charts.value = charts_html(series, snapshot.resumed_at)
+        self.epochs.value = epoch_table_html(series, snapshot.resumed_at)
         self.ranks.value = ranks_table_html(snapshot)
         self._draw_log(snapshot)
 

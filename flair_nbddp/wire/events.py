@@ -134,12 +134,14 @@ class Stopped(Event):
 @dataclass(frozen=True)
 class CheckpointSaved(Event):
     """Rank 0 wrote a full checkpoint at the end of ``epoch``, or ``batch`` batches into the next one (at a stop, or
-    every ``checkpoint_every`` steps; :mod:`flair_nbddp.worker.checkpoints`): the file and its sha256."""
+    every ``checkpoint_every`` steps; :mod:`flair_nbddp.worker.checkpoints`): the file, its sha256, and flair's step
+    count then (the step of its per-batch metrics)."""
 
     epoch: int
     path: str
     sha256: str
     batch: int = 0
+    steps: int = 0
 
 
 @dataclass(frozen=True)

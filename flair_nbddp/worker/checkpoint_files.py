@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import ResumeError
 
-FORMAT = 1
+FORMAT = 2  # 2: plugins named by class and place among their class's (1: by place among all)
 NAME = "checkpoint.pt"
 
 

@@ -31,7 +31,7 @@ the first checkpoint, when the optimizer holds states it was not made for (with 
 scaler did not skip): torch's caching host allocator keeps it for the copies of every checkpoint, so the first
 checkpoint normally finds it made
 (a DistilBERT-sized model with AdamW on an H100 host: the first checkpoint's wait fell from 0.28-0.31 s to 0.004 s,
-``benchmarks/README.md``). A checkpoint that comes while the thread still pins (every step, or a stop in the first
+``benchmarks/checkpoint_cost.py``). A checkpoint that comes while the thread still pins (every step, or a stop in the first
 steps) waits for it, as it would have pinned the rest itself.
 
 Nothing here draws a random number: a training with checkpoints is the same training.
@@ -63,7 +63,7 @@ class Checkpointing(TrainerPlugin):
     """Writes full checkpoints (rank 0) and resumes from ``resume`` (every rank).
 
     ``gather(value)`` returns every rank's value, rank 0's first (a single process: ``[value]``); ``saved(epoch,
-    batch, path, sha256)`` is called on rank 0 after each write; ``stopping()`` says the notebook's stop ended the
+    batch, steps, path, sha256)`` is called on rank 0 after each write (``steps``: flair's step count then); ``stopping()`` says the notebook's stop ended the
     training (every rank at the same batch); ``every``: also a checkpoint every so many optimizer steps, written as
     the next batch begins (once every plugin, a scheduler's included, is done with the last one). In a run it comes
     after flair's own plugins (``train``/``fine_tune`` put their schedulers' in the list of plugins) and before the
@@ -71,7 +71,7 @@ class Checkpointing(TrainerPlugin):
     """
 
     def __init__(
-        self, path: Path, rank: int, gather: Callable[[Any], list], saved: Callable[[int, int, Path, str], None],
+        self, path: Path, rank: int, gather: Callable[[Any], list], saved: Callable[[int, int, int, Path, str], None],
         resume: dict[str, Any] | None = None, stopping: Callable[[], bool] = lambda: False, every: int | None = None,
     ) -> None:  # fmt: skip
         """``resume``: a checkpoint from :func:`read` to continue from, with as many ranks as wrote it."""
@@ -133,6 +133,8 @@ class Checkpointing(TrainerPlugin):
         if self._checkpoint is not None and not self._restored:  # flair's optimizer and every plugin's schedulers
             self._restored = True  # are built, and nothing was drawn since
             self._restore(self._checkpoint)
+            # flair's step count goes on from the checkpoint's before the epoch's first learning rate is recorded
+            _set_locals(_training_frame(), {"batch_count": self.step_offset})
         if epoch - 1 > self.start_epoch:  # an epoch of this training has ended
             self._write(epoch - 1)
         self._epoch, self._batches, self._epoch_generators = epoch, 0, generators()
@@ -226,15 +228,15 @@ class Checkpointing(TrainerPlugin):
             "positions": [rank["position"] for rank in ranks] if position else None,
             "stored_embeddings": [rank["stored"] for rank in ranks] if any(rank["stored"] for rank in ranks) else None,
         })  # fmt: skip
-        self._writer = threading.Thread(target=self._write_file, args=(epoch, batch, checkpoint, copied),
+        self._writer = threading.Thread(target=self._write_file, args=(epoch, batch, self._steps, checkpoint, copied),
                                         daemon=True, name="flair_nbddp-checkpoint")  # fmt: skip
         self._writer.start()
 
-    def _write_file(self, epoch: int, batch: int, checkpoint: dict[str, Any], copied: list[Any]) -> None:
+    def _write_file(self, epoch: int, batch: int, steps: int, checkpoint: dict[str, Any], copied: list[Any]) -> None:
         try:
             for event in copied:
                 event.synchronize()
-            self._saved(epoch, batch, self._path, write(self._path, checkpoint))
+            self._saved(epoch, batch, steps, self._path, write(self._path, checkpoint))
         except BaseException as error:  # noqa: BLE001 - raised in the training's thread by finish_writing
             self._write_error = error
 
@@ -292,8 +294,16 @@ class Checkpointing(TrainerPlugin):
         trainer_module.DataLoader = _loader_leaving_out(self._loader, self._position["batches"])
 
     def _plugins(self) -> list[tuple[str, Any]]:
-        return [(f"{index}:{type(plugin).__name__}", plugin) for index, plugin in enumerate(self.trainer.plugins)
-                if plugin is not self]  # fmt: skip
+        """The trainer's other plugins, each named by its class and its place among that class's: the same names on
+        every rank, although flair attaches loggers (a TensorBoard logger the user passed) on rank 0 only."""
+        seen: dict[str, int] = {}
+        named = []
+        for plugin in self.trainer.plugins:
+            if plugin is not self:
+                kind = type(plugin).__name__
+                seen[kind] = seen.get(kind, -1) + 1
+                named.append((f"{kind}:{seen[kind]}", plugin))
+        return named
 
     def _plugin_states(self) -> dict[str, dict[str, Any]]:
         """The state of each plugin that decides the rest of training (one that holds a scheduler): its schedulers

@@ -345,8 +345,8 @@ def _checkpointing(
             "resumes its own random generators"
         )
 
-    def saved(epoch: int, batch: int, path: Path, sha256: str) -> None:
-        sender.send(CheckpointSaved(0, epoch, str(path.resolve()), sha256, batch))
+    def saved(epoch: int, batch: int, steps: int, path: Path, sha256: str) -> None:
+        sender.send(CheckpointSaved(0, epoch, str(path.resolve()), sha256, batch, steps))
 
     return Checkpointing(directory / checkpoint_files.NAME, rank, _gatherer(world_size, control_group), saved, resume,
                          stopping=lambda: streaming.stopped, every=checkpoint_files.job_checkpoint_every())  # fmt: skip
