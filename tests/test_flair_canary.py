@@ -1,7 +1,7 @@
 """The flair canary: every flair name the kit patches, wraps, calls, subclasses or reads is where the kit expects it.
 
 The kit bends flair 0.15.x in its workers (``flair_compat.py``, ``distributed_eval.py``, ``lazy_corpus.py``,
-``fast_inputs.py``, ``no_waits.py``, ``precision.py``, ``compiled.py``) and
+``fast_inputs.py``, ``no_waits.py``, ``precision.py``, ``compiled.py``, ``rank_zero_loggers.py``) and
 reads its data structures attribute by attribute (``codec.py``). A flair release that moves or renames one of
 these fails here in seconds, naming it, instead of deep inside a multi-process test. Fast tier: nothing starts.
 """
@@ -46,6 +46,18 @@ ATTRIBUTES = [
     # compiled: torch's compiler, as the kit turns it on and off around a training (the transformer it compiles is
     # each TransformerEmbeddings' ``model``, checked in tests/test_compiled.py)
     "torch.nn.Module.compile", "torch._dynamo.reset", "torch._dynamo.list_backends",
+    # rank_zero_loggers: flair's test for the rank its loggers attach to, the two loggers bent on the other ranks
+    # (TensorboardLogger's constructor; the file-handler function as LogFilePlugin's module names it) and the ones
+    # left as they are
+    "flair.distributed_utils.is_main_process", "flair.trainers.plugins.base.BasePlugin.attach_to",
+    "flair.trainers.plugins.base.BasePlugin.attach_to_all_processes", "flair.trainers.plugins.base.Pluggable.plugins",
+    "flair.trainers.plugins.loggers.tensorboard.TensorboardLogger.__init__",
+    "flair.trainers.plugins.loggers.log_file.add_file_handler",
+    "flair.trainers.plugins.loggers.log_file.LogFilePlugin.close_file_handler",
+    "flair.trainers.plugins.loggers.wandb.WandbLogger",
+    "flair.trainers.plugins.loggers.clearml_logger.ClearmlLoggerPlugin",
+    "flair.trainers.plugins.loggers.loss_file.LossFilePlugin",
+    "flair.trainers.plugins.loggers.metric_history.MetricHistoryPlugin",
 ]  # fmt: skip
 
 # functions the kit calls or wraps, with the parameters it binds or passes by name
@@ -70,6 +82,8 @@ PARAMETERS = {
     "flair.embeddings.transformer.TransformerEmbeddings.forward": ("input_ids",),
     "transformers.modeling_attn_mask_utils._prepare_4d_attention_mask_for_sdpa": ("mask", "dtype", "tgt_len"),
     "transformers.modeling_attn_mask_utils.AttentionMaskConverter._expand_mask": ("mask", "dtype", "tgt_len"),
+    "flair.trainers.plugins.loggers.tensorboard.TensorboardLogger.__init__": ("log_dir", "comment", "tracked_metrics"),
+    "flair.trainers.plugins.loggers.log_file.add_file_handler": ("log", "output_file"),
 }  # fmt: skip
 
 
@@ -165,3 +179,19 @@ def test_flairs_logger_is_the_one_the_kit_quiets_and_restores():
 
     logger = logging.getLogger("flair")
     assert logger.handlers and not logger.propagate
+
+
+def test_flairs_loggers_attach_to_the_main_process_only():
+    """What lets the kit build them without side effects on the other ranks: their hooks never run there."""
+    from flair.trainers.plugins.loggers.clearml_logger import ClearmlLoggerPlugin
+    from flair.trainers.plugins.loggers.log_file import LogFilePlugin
+    from flair.trainers.plugins.loggers.loss_file import LossFilePlugin
+    from flair.trainers.plugins.loggers.metric_history import MetricHistoryPlugin
+    from flair.trainers.plugins.loggers.tensorboard import TensorboardLogger
+    from flair.trainers.plugins.loggers.wandb import WandbLogger
+
+    loggers = (TensorboardLogger, WandbLogger, ClearmlLoggerPlugin, LogFilePlugin, LossFilePlugin, MetricHistoryPlugin)
+    on_every_rank = [cls.__name__ for cls in loggers
+                     if inspect.getattr_static(cls, "attach_to_all_processes").fget(None)]  # fmt: skip
+    assert not on_every_rank, f"flair attaches {on_every_rank} on every rank now: their hooks would log from each"
+    assert "add_file_handler(" in inspect.getsource(LogFilePlugin.__init__)  # the name rank_zero_loggers bends

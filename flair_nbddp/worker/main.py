@@ -65,6 +65,7 @@ from . import (
     one_rank,
     precision,
     process_name,
+    rank_zero_loggers,
 )
 from .counters import TrainingCounters
 
@@ -225,6 +226,7 @@ def _bend_flair(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
     flair.device = vitals.device
     flair_compat.allow_cpu_ddp()
     one_rank.install()
+    rank_zero_loggers.install()
     flair_compat.scale_gradients_together()
     flair_compat.instrument_trainer(sender, spec.rank, spec.world_size, vitals.counters, vitals.control_group)
     distributed_eval.install(spec.rank, spec.world_size, vitals.control_group, vitals.store)
