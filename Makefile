@@ -26,7 +26,7 @@ demo: venv
 	$(PY) -m flair_nbddp demo
 
 # two test processes (pytest-xdist), then the cluster tier on its own, until runs in two processes have shown
-# the mend of its one failure there (a restarted rank's Dask client; README, Tests)
+# the mend of its one failure there (a restarted rank's Dask client; docs/development.md)
 test: venv
 	$(PY) -m pytest -q --durations=20 -n 2 -m "not cluster"
 	$(PY) -m pytest -q --durations=5 -m cluster

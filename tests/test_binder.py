@@ -94,7 +94,7 @@ def test_binder_environment_runs_the_quickstart(tmp_path):
     nbval.check(quickstart)
     assert max(nbval.peaks) < BINDER_MEMORY_BYTES, (
         f"{quickstart.name} took {max(nbval.peaks) / 2**30:.2f} GiB (kernel + workers, PSS): more than a Binder "
-        f"session can count on ({BINDER_MEMORY_BYTES / 2**30:.1f} GiB; see README, Notebooks and Binder)"
+        f"session can count on ({BINDER_MEMORY_BYTES / 2**30:.1f} GiB; see docs/getting-started.md, Binder)"
     )
     installed = subprocess.run(
         [build.python, "-c", "import torch, flair_nbddp; print(torch.__version__, flair_nbddp.__file__)"],

@@ -4,6 +4,6 @@
 :class:`~flair_nbddp.engine.worker_source.RankGroup` the notebook drives; ``rank_host`` is the Dask task that keeps one
 rank's worker process on its Dask worker and relays its channel through Dask.
 
-Imported only when ``cluster=`` is used (``distributed`` is an optional dependency); see the README's
-"Beyond one machine" section.
+Imported only when ``cluster=`` is used (``distributed`` is an optional dependency); the docs' page on Dask
+clusters (``docs/guide/dask.md``) shows each kind of cluster.
 """

@@ -5,7 +5,7 @@ rank the wrapper changes no number: its all-reduce sums one gradient, its averag
 broadcasts before every forward pass are the rank's own. But it still does all of it on every batch: a broadcast of
 the buffers, a copy of every gradient into its buckets and back, a collective per bucket, a search of the autograd
 graph for unused parameters (flair's ``find_unused_parameters=True``). On one GPU in bf16, where the rank's
-training thread sets the pace, that was 15 % of a step (``benchmarks/README.md``).
+training thread sets the pace, that was 15 % of a step (``benchmarks/throughput.py`` with and without ``--no-ddp``).
 
 :func:`install` makes flair's trainer wrap the model in :class:`OneRank` when the world has one rank: flair calls
 it as it calls DDP (``ddp_model(batch)`` and ``ddp_model.no_sync()``), and it calls the model. Everything else of
