@@ -401,6 +401,16 @@ def checkpoint_section(r: Results) -> str:
             "yes" if figures["model_saved"] else "no", ", ".join(map(str, figures["full_checkpoints"])),
             str(len(figures["workers_left"])), str(len(figures["gpu_contexts_left"])),
         ])
+    one_gpu = r("stop-time-h100.json")
+    one_gpu_rows = []
+    for way, runs in one_gpu["workers_leave"].items():
+        for run in runs:
+            at = run["seconds_after_interrupt"]
+            one_gpu_rows.append([
+                way.replace("_", " "), number(run["docs"], 0), seconds(at["checkpoint_written"]),
+                seconds(run["rank0_parts_s"]["checkpoint_write_s"]), seconds(at["rank0_exited"]),
+                f"**{seconds(at['result_returned'])}**", run.get("resumed", {}).get("status", "—"),
+            ])
     return "\n\n".join([
         "## Checkpoints",
         "A run writes a full checkpoint at each epoch's end and at a stop, so that it can resume or restart "
@@ -428,6 +438,13 @@ def checkpoint_section(r: Results) -> str:
         table(["ranks", "interrupt → result returned", "status", "model saved", "full checkpoints (epochs)",
                "worker processes left", "GPU contexts left"], stop_rows),
         r.caption("stop-h100.json"),
+        "The same on one GPU with a DistilBERT-sized model, whose full checkpoint (the model and AdamW's two "
+        "states) is 516 MB: most of a stop is writing it. A worker leaves at once when its job is done; left to the "
+        "interpreter's teardown, it would free every object the job made one by one first, while the cell waits.",
+        f"*Job:* {job_text(one_gpu['job'])}; interrupted once rank 0 had trained 10 batches.",
+        table(["worker leaves", "reviews", "interrupt → checkpoint written", "writing it (rank 0)",
+               "→ rank 0's process gone", "→ result returned", "resumed from it"], one_gpu_rows),
+        r.caption("stop-time-h100.json"),
     ])
 
 
