@@ -5,6 +5,27 @@ Every test belongs to one tier. ``process`` (starts worker processes), ``kernel`
 (the documentation site built in strict mode) are marked in the test files; every other test is in the fast tier, and a fast test that starts workers, ranks on a
 cluster or a kernel fails with the marker to add.
 ``make test-fast`` runs the fast tier (with the package's doctests), ``make test`` all of them.
+
+The suite passes whatever the shell that runs it exports: before anything reads them, this file sets for the whole
+test run (and for the workers, kernels and notebooks it starts, which inherit them) what every test depends on,
+overriding the caller's value:
+
+* ``FLAIR_NBDDP_DEVICE=cpu`` and ``FLAIR_NBDDP_PROCESSES=2``: tests rehearse DDP on CPU with gloo and 2 processes,
+  whatever the machine has;
+* ``HF_HUB_OFFLINE=1``: nothing is downloaded (the models are made on the spot);
+* ``FLAIR_NBDDP_HOME``: a new temporary directory, so the run ledger and the sweeps' studies are never the user's own;
+
+and removes the variables whose mere presence changes what the kit does:
+
+* every other ``FLAIR_NBDDP_*``: ``FLAIR_NBDDP_SEED`` (the seed of a run given none), ``FLAIR_NBDDP_RUNS`` (where
+  run directories go), ``FLAIR_NBDDP_LEDGER`` (``0`` turns the ledger off), ``FLAIR_NBDDP_TEST_TIER`` (set below
+  for the fast tier only);
+* ``OMP_NUM_THREADS``: a CPU rank takes the user's value instead of its share of the cores;
+* ``CUDA_VISIBLE_DEVICES``: chosen GPUs are named through it;
+* ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``: ranks talk on another interface than loopback.
+
+A test that depends on another value of one of these sets it with ``monkeypatch``;
+``tests/test_caller_environment.py`` runs the tests that depend on them with all of them exported.
 """
 
 import contextlib
@@ -14,20 +35,24 @@ import sys
 import tempfile
 import time
 
-import psutil
-import pytest
+# The test run's environment (see above), before anything (the kit, torch, huggingface_hub) is imported and reads it.
+CALLER_VARIABLES = ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+for _name in [name for name in os.environ if name.startswith("FLAIR_NBDDP_") or name in CALLER_VARIABLES]:
+    del os.environ[_name]
+os.environ.update(
+    FLAIR_NBDDP_DEVICE="cpu",
+    FLAIR_NBDDP_PROCESSES="2",
+    HF_HUB_OFFLINE="1",
+    FLAIR_NBDDP_HOME=tempfile.mkdtemp(prefix="flair_nbddp-test-home-"),
+)
 
-from flair_nbddp.cluster.ranks import ClusterGroup
-from flair_nbddp.engine.local_ranks import WorkerGroup
-from flair_nbddp.worker.process_name import RANK_PREFIX as WORKER_NAME_PREFIX
+import psutil  # noqa: E402
+import pytest  # noqa: E402
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# the run ledger of the tests (and of the kernels and notebooks they start): never the user's own
-os.environ["FLAIR_NBDDP_HOME"] = tempfile.mkdtemp(prefix="flair_nbddp-test-home-")
-os.environ.pop("FLAIR_NBDDP_LEDGER", None)
-# Tests rehearse DDP on CPU with gloo and 2 processes, whatever the machine has.
-os.environ.setdefault("FLAIR_NBDDP_DEVICE", "cpu")
-os.environ.setdefault("FLAIR_NBDDP_PROCESSES", "2")
+from flair_nbddp.cluster.ranks import ClusterGroup  # noqa: E402
+from flair_nbddp.engine.local_ranks import WorkerGroup  # noqa: E402
+from flair_nbddp.worker.process_name import RANK_PREFIX as WORKER_NAME_PREFIX  # noqa: E402
+
 # A shell starts a background job (`make test &`, nohup) with SIGINT ignored, and every process it starts inherits
 # that: the interrupt tests (interrupt_main here, SIGINT to programs and kernels) would interrupt nothing. Tests
 # interrupt as the kernel's Interrupt does, so this process, and what it starts, take SIGINT as Python does.

@@ -60,11 +60,14 @@ def test_cpu_runs_hold_process_slots_out_of_the_cpus_two():
 
 def test_cpu_processes_get_a_slots_share_of_the_cores_alone_or_side_by_side(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the user's own count wins over the share (below)
     threads = {n: DevicePlan("cpu", n, "gloo").rank_environment(0, 1)["OMP_NUM_THREADS"] for n in (1, 2, 4)}
     assert threads == {1: "4", 2: "4", 4: "2"}  # a run alone or beside another: the same arithmetic
     sliced = WorkerPool(4, "cpu", job_processes=1)  # its four workers exist at once: a quarter each
     assert sliced.job_plan.rank_environment(0, 1)["OMP_NUM_THREADS"] == "2"
     sliced.close()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert DevicePlan("cpu", 1, "gloo").rank_environment(0, 1)["OMP_NUM_THREADS"] == "1"
 
 
 def test_gpu_lanes_take_their_gpus_and_leave_the_sweeps_process_count(monkeypatch):
