@@ -34,6 +34,14 @@ def test_the_import_contracts_hold():
     assert "4 kept, 0 broken" in checked.stdout
 
 
+def test_the_top_level_holds_what_a_user_reads_first_and_the_engine_its_own_package():
+    top = sorted(path.stem for path in PACKAGE.glob("*.py"))
+    assert top == ["__init__", "__main__", "_version", "api", "demo", "errors", "options", "pool", "result",
+                   "synthetic"], "a module a user does not import belongs in a subpackage (the engine's: engine/)"
+    engine = sorted(path.stem for path in (PACKAGE / "engine").glob("*.py"))
+    assert {"run", "supervisor", "worker_source", "local_ranks", "forkserver", "restarts", "state"} <= set(engine)
+
+
 def test_the_package_imports_form_no_cycle():
     graph = grimp.build_graph("flair_nbddp")
     modules = graph.modules - {"flair_nbddp"}  # the root re-exports the API: it imports everything

@@ -36,6 +36,9 @@ def test_stop_ends_every_rank_after_the_same_batch_and_saves_the_model(tmp_path,
     assert freed_after < 10, f"the cell was busy for {freed_after:.1f} s after Stop"
     assert "stopped from the notebook" in result.log
     assert run.state.snapshot().epoch == 1  # stopped early, not after 20 epochs
+    # the workers left on their own once done: not kept past the notebook's grace by the interpreter's teardown
+    # (which frees every object the training left, seconds), then ended with SIGTERM (-15)
+    assert [rank.exit_code for rank in result.ranks] == [0, 0]
 
 
 def test_a_stop_while_the_workers_start_up_is_kept_until_training(tmp_path, tiny_model_path):

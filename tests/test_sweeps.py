@@ -241,6 +241,9 @@ def test_the_sweep_widget_shows_every_trial_and_its_stop_ends_the_sweep(capsys):
     assert widget.charts.value.count("<svg") == 2  # the best so far, and the running trial's curve
     widget.stop_button.click()
     assert state.stopping
+    bundle = widget._repr_mimebundle_()  # a saved notebook's view of it: the headline, the table and the charts
+    assert bundle["text/plain"].startswith("study 'lr-search'") and bundle["text/html"].count("<tr>") == 4
+    assert "application/vnd.jupyter.widget-view+json" in bundle
     text = SweepText()
     text.start(sweep)
     text.poll()

@@ -98,7 +98,9 @@ class SweepWidget(SweepView):
     A button acts only between cells (the kernel handles a widget's messages when no cell runs): Stop is shown for a
     sweep that leaves the cell free (``sweep(..., wait=False)``); a sweep that holds the cell says that the kernel's
     interrupt stops it. The widgets are attributes: ``title``, ``stop_button``, ``hint``, ``charts``, ``table``;
-    ``widget`` is the root.
+    ``widget`` is the root. ``finish`` updates the cell's output so that its ``text/plain`` (the headline) and
+    ``text/html`` (headline, charts and table as static HTML) describe the ended sweep: what a saved notebook shows
+    where the widget cannot render.
     """
 
     def __init__(self) -> None:
@@ -115,6 +117,7 @@ class SweepWidget(SweepView):
         self.widget.add_class("nbddp-sweep")
         self._drawn_at = 0.0
         self._sweep: Sweep | None = None
+        self._handle: Any = None
 
     def start(self, sweep: Sweep) -> None:
         from IPython.display import display
@@ -123,7 +126,14 @@ class SweepWidget(SweepView):
         self.stop_button.on_click(lambda _: sweep.stop())
         (self.hint if sweep.background else self.stop_button).layout.display = "none"
         self._draw()
-        display(self.widget)
+        self._handle = display(self, display_id=True)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict:
+        """The widget, with a ``text/plain`` and ``text/html`` description for frontends that cannot render it."""
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        bundle["text/plain"] = headline(self._sweep.state)
+        bundle["text/html"] = self.title.value + self.charts.value + self.table.value
+        return bundle
 
     def poll(self) -> None:
         if time.monotonic() - self._drawn_at >= REDRAW_SECONDS:
@@ -135,6 +145,8 @@ class SweepWidget(SweepView):
         self._draw()
         if error is not None:
             self.title.value += f' <span style="color:{STATE_COLORS["failed"]}">{_escape(error)}</span>'
+        if self._handle is not None:
+            self._handle.update(self)
 
     def _draw(self) -> None:
         state = self._sweep.state
