@@ -13,7 +13,9 @@ be true of another machine:
   (a widget output without a ``text/html`` rendering, whose ``text/plain`` is only ipywidgets' repr, is dropped);
 - the temporary directory's path is written ``work/`` wherever an output shows it, and the paths of this
   interpreter's packages and of this checkout's ``flair_nbddp`` (in tracebacks) ``site-packages/``;
-- no cell keeps the time it ran at (``metadata.execution``).
+- no cell keeps the time it ran at (``metadata.execution``);
+- the lines a cell printed to one stream one after the other are one output, as JupyterLab shows them (the ranks'
+  lines arrive one message each).
 
 Usage (from the repository root)::
 
@@ -79,7 +81,8 @@ def execute(notebook: Path, out: Path) -> float:
 
 def clean(content: dict, temporary_paths: list[str]) -> None:
     """Drop saved widget state, widget views and run times; write the temporary paths as ``work/`` and the packages'
-    paths as ``site-packages/`` in every output."""
+    paths as ``site-packages/`` in every output; one output for the lines a cell printed one after the other to one
+    stream."""
     content["metadata"].pop("widgets", None)
     # this machine's paths as a user's installation shows them: the temporary directory (longest first) as work/,
     # this interpreter's packages and this checkout's package as site-packages/
@@ -109,7 +112,14 @@ def clean(content: dict, temporary_paths: list[str]) -> None:
                 if "text/html" not in data:  # a widget without a static rendering: its text is ipywidgets' repr
                     continue
                 output.get("metadata", {}).pop(WIDGET_VIEW, None)
-            outputs.append(neutral(output))
+            output = neutral(output)
+            previous = outputs[-1] if outputs else None
+            if previous and output["output_type"] == previous["output_type"] == "stream" and (
+                output["name"] == previous["name"]
+            ):
+                previous["text"] = "".join(previous["text"]) + "".join(output["text"])
+            else:
+                outputs.append(output)
         cell["outputs"] = outputs
 
 
