@@ -15,6 +15,7 @@ from conftest import is_kit_worker, wait_for
 from training_jobs import train_sentiment, train_then_return_a_generator
 
 from flair_nbddp import RunActiveError, RunHangError, WorkerError, launch, start
+from flair_nbddp.engine.local_ranks import TERMINATE_GRACE_SECONDS
 from flair_nbddp.wire import payload
 
 pytestmark = [pytest.mark.process, pytest.mark.usefixtures("no_leftover_processes")]
@@ -27,7 +28,7 @@ def test_stop_ends_every_rank_after_the_same_batch_and_saves_the_model(tmp_path,
     stopped_at = time.monotonic()
     run.stop()
     result = run.wait()
-    freed_after = time.monotonic() - stopped_at
+    freed_after, left_after = time.monotonic() - stopped_at, time.time() - run.state.ended_at
     assert result.status == "stopped", result.error
     assert result.checkpoint == tmp_path / "out" / "final-model.pt" and result.checkpoint.exists()
     # flair returned normally, without its final test evaluation (minutes on a real test split): no test score
@@ -36,9 +37,9 @@ def test_stop_ends_every_rank_after_the_same_batch_and_saves_the_model(tmp_path,
     assert freed_after < 10, f"the cell was busy for {freed_after:.1f} s after Stop"
     assert "stopped from the notebook" in result.log
     assert run.state.snapshot().epoch == 1  # stopped early, not after 20 epochs
-    # the workers left on their own once done: not kept past the notebook's grace by the interpreter's teardown
-    # (which frees every object the training left, seconds), then ended with SIGTERM (-15)
-    assert [rank.exit_code for rank in result.ranks] == [0, 0]
+    # the workers left as soon as they were done, not after the interpreter's teardown (which frees every object the
+    # training left, one by one: seconds), for which the notebook waited until its grace ran out
+    assert left_after < TERMINATE_GRACE_SECONDS, f"the workers took {left_after:.1f} s to leave after the run ended"
 
 
 def test_a_stop_while_the_workers_start_up_is_kept_until_training(tmp_path, tiny_model_path):
@@ -230,3 +231,21 @@ def test_a_rank_out_of_memory_ends_every_rank_in_seconds_with_an_error_naming_th
     assert "rank 1 ran out of memory on cpu in epoch 1, batch 2, with mini_batch_size=4 and mini_batch_chunk_size=2" in text
     assert "GiB were in use" in text and "Fix: pass mini_batch_chunk_size=1" in text
     assert not [pid for pid in (rank.pid for rank in result.ranks) if psutil.pid_exists(pid)]
+
+
+def test_a_worker_leaves_without_the_interpreters_teardown_but_runs_what_was_registered_at_exit():
+    """The notebook waits for its workers to be gone; the interpreter's teardown frees every object a training left,
+    one by one (seconds after a real one), so a worker done with its jobs leaves at once: what was registered to run
+    at exit runs (logging's files, a W&B run's finish), objects are not torn down."""
+    code = (
+        "import atexit\n"
+        "class Torn:\n"
+        "    def __del__(self): print('torn down', flush=True)\n"
+        "kept = Torn()\n"
+        "atexit.register(print, 'at exit', flush=True)\n"
+        "from flair_nbddp.worker.main import _leave\n"
+        "_leave()\n"
+        "print('after', flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.split("\n")) == (0, ["at exit", ""]), done.stderr[-2000:]
