@@ -95,3 +95,11 @@ def test_the_site_builds_in_strict_mode(tmp_path):
         assert outputs and page.count('class="jp-OutputArea-child') == outputs, notebook.name  # each output rendered
     performance = (site / "performance" / "index.html").read_text()
     assert "<table>" in performance
+
+
+def test_the_map_of_the_package_names_every_module():
+    """docs/how-it-works.md is the project's map: a module added without its row there fails here."""
+    text = (DOCS / "how-it-works.md").read_text()
+    package = ROOT / "flair_nbddp"
+    missing = [str(path.relative_to(ROOT)) for path in sorted(package.rglob("*.py")) if f"`{path.name}`" not in text]
+    assert missing == [], f"docs/how-it-works.md's map does not list {missing}"
