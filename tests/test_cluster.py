@@ -193,7 +193,9 @@ def test_a_lost_node_restarts_the_run_from_its_checkpoint_on_a_worker_that_joins
     failed = flair_nbddp.history(limit=2)[1]  # its checkpoints outlived the node: they are in the notebook's run
     assert failed.ended_at - lost["at"] < 30  # rank 0, left waiting for rank 1, was ended at once
     assert Path(failed.checkpoints[-1]["path"]).is_file() and failed.checkpoints[-1]["epoch"] == 2
-    assert [step for step, _ in result.history("train/loss")] == [3, 4]  # epochs 1-2 were not trained again
+    # one curve from the first epoch, its epochs 1-2 the failed attempt's (they were not trained again)
+    assert [step for step, _ in result.history("train/loss")] == [1, 2, 3, 4] and result.resumed_at[0] == 2
+    assert result.history("train/loss")[:2] == failed.history("train/loss")
     placed = {rank.worker for rank in result.ranks}  # the worker left and the one that joined
     assert len(placed) == 2 and lost["worker"] not in placed and result.value["test_score"] >= 0
 
