@@ -289,8 +289,11 @@ def fine_tune_out_of_memory_in_chunks_over_1(corpus, model_path: str, base_path:
 
 
 def train_classifier_with(corpus, base_path: str, lr: float, epochs: int = 3, hidden: int = 8) -> dict:
-    """A sweep's trial: a small RNN TextClassifier on one-hot words, trained with learning rate ``lr``; its model
-    comes back."""
+    """A sweep's trial: a small RNN TextClassifier on one-hot words, trained with learning rate ``lr``, in a folder of
+    its own under ``base_path`` (two trials side by side may draw the same ``lr``; flair rewrites its model files in
+    its base path); its model comes back."""
+    import tempfile
+
     from flair.embeddings import DocumentRNNEmbeddings, OneHotEmbeddings
     from flair.models import TextClassifier
     from flair.trainers import ModelTrainer
@@ -300,9 +303,9 @@ def train_classifier_with(corpus, base_path: str, lr: float, epochs: int = 3, hi
         DocumentRNNEmbeddings([words], hidden_size=hidden), label_type="sentiment",
         label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False),
     )
-    scores = ModelTrainer(model, corpus).train(
-        f"{base_path}/lr-{lr:.6g}", max_epochs=epochs, mini_batch_size=16, learning_rate=lr, multi_gpu=True
-    )
+    base = tempfile.mkdtemp(prefix=f"lr-{lr:.6g}-", dir=base_path)
+    scores = ModelTrainer(model, corpus).train(base, max_epochs=epochs, mini_batch_size=16, learning_rate=lr,
+                                               multi_gpu=True)  # fmt: skip
     return {"test_score": scores["test_score"], "model": model}
 
 
