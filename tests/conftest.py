@@ -2,8 +2,8 @@
 
 Every test belongs to one tier. ``process`` (starts worker processes), ``kernel`` (starts a Jupyter kernel),
 ``browser`` (JupyterLab in headless Chromium), ``cluster`` (a Dask scheduler and workers on 127.0.0.1) and ``docs``
-(the documentation site built in strict mode) are marked in the test files; every other test is in the fast tier, and a fast test that starts workers, ranks on a
-cluster or a kernel fails with the marker to add.
+(the documentation site built in strict mode) are marked in the test files; every other test is in the fast tier,
+and a fast test that starts workers, ranks on a cluster or a kernel fails with the marker to add.
 ``make test-fast`` runs the fast tier (with the package's doctests), ``make test`` all of them.
 
 The suite passes whatever the shell that runs it exports: before anything reads them, this file sets for the whole

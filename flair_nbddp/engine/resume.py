@@ -21,7 +21,7 @@ from typing import Any
 from ..errors import ResumeError
 from ..ledger.store import Ledger, RunRecord
 from ..result import Checkpoint, RunResult
-from .state import MetricPoint, per_step
+from .state import MetricPoint, step_at
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def curve_until(points: list[MetricPoint], epoch: int, steps: int) -> tuple[Metr
         >>> [(point.name, point.step) for point in curve_until(points, epoch=1, steps=4)]
         [('train/batch_loss', 4), ('train/loss', 1)]
     """
-    return tuple(point for point in points if point.step <= (steps if per_step(point.name) else epoch))
+    return tuple(point for point in points if point.step <= step_at(point.name, epoch, steps))
 
 
 def _earlier_run(resume: Any, name: str, ledger: Ledger | None) -> RunRecord:

@@ -85,6 +85,17 @@ def per_step(name: str) -> bool:
     return name.startswith(PER_STEP_METRICS)
 
 
+def step_at(name: str, epoch: int, steps: int) -> int:
+    """Where a checkpoint at the end of ``epoch`` (the last whole one), after flair's ``steps`` steps, lies on metric
+    ``name``'s axis: the step count for a per-step metric, the epoch for the others.
+
+    Example:
+        >>> step_at("train/batch_loss", 2, 40), step_at("dev/score", 2, 40)
+        (40, 2)
+    """
+    return steps if per_step(name) else epoch
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """A consistent copy of a run's state at one moment."""

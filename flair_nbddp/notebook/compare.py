@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..engine.state import per_step
+from ..engine.state import per_step, step_at
 from ..errors import ConfigurationError
 from ..ledger.store import RunRecord
 from .run_table import params_text
@@ -65,7 +65,7 @@ def compare(records: Sequence[RunRecord], metric: str = "dev/score") -> Figure:
         steps, values = [step for step, _ in points], [value for _, value in points]
         (line,) = axes.plot(steps, values, marker="o" if len(points) <= MARKERS_UP_TO else None, label=label)
         if resumed_at is not None and points:
-            axes.axvline(resumed_at[1] if per_step(metric) else resumed_at[0], color=line.get_color(), linestyle=":")
+            axes.axvline(step_at(metric, *resumed_at), color=line.get_color(), linestyle=":")
     axes.set_xlabel("step" if per_step(metric) else "epoch")
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs (and steps), never 1.25
     axes.set_ylabel(metric)

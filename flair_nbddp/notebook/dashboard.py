@@ -27,7 +27,7 @@ from typing import Any, Callable
 from ..errors import DashboardUnavailableError, WorkerError
 from ..result import RunResult
 from ..engine.run import Run
-from ..engine.state import MetricPoint, RankInfo, Snapshot, per_step, rank_health
+from ..engine.state import MetricPoint, RankInfo, Snapshot, rank_health, step_at
 from ..engine.watch import RunView
 
 Series = dict[str, list[tuple[int, float]]]
@@ -245,7 +245,7 @@ def charts_html(series: Series, resumed_at: tuple[int, int] | None = None) -> st
     loss_title = "loss per batch" if loss_name == "train/batch_loss" else "loss per epoch"
 
     def mark(name: str) -> int | None:
-        return None if resumed_at is None else resumed_at[1] if per_step(name) else resumed_at[0]
+        return None if resumed_at is None else step_at(name, *resumed_at)
 
     return (
         '<div style="display:flex;flex-wrap:wrap">'
