@@ -87,7 +87,8 @@ def launch(
         args, kwargs: its arguments (packed once, read by every rank).
         options: a :class:`~flair_nbddp.RunOptions` to start from (keywords given beside it win).
         pool: run on these warm workers instead of starting new ones (a :class:`~flair_nbddp.WorkerPool`,
-            or any :class:`~flair_nbddp.engine.worker_source.WorkerSource`); ``processes``/``device``, if given, must match.
+            or any :class:`~flair_nbddp.engine.worker_source.WorkerSource`); ``processes``/``device``, if given, must
+            match.
         provenance: what the run ledger records of how the run was asked for
             (:class:`~flair_nbddp.ledger.provenance.Provenance`: the magic and the panel describe theirs); default a
             call of ``fn`` with its ``args`` and ``kwargs``. Every run is recorded (:func:`flair_nbddp.history`)

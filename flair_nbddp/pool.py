@@ -522,7 +522,8 @@ class PoolSlice:
     def acquire(self, job: Job) -> RankGroup:
         """Hand ``job`` to every worker of the slice (starting or recycling them first) and return their group.
 
-        A second job cannot come before this one's release: both hold the slice's claim (:mod:`~flair_nbddp.engine.claims`).
+        A second job cannot come before this one's release: both hold the slice's claim
+        (:mod:`~flair_nbddp.engine.claims`).
 
         Raises:
             PoolClosedError: the pool was closed.

@@ -1,4 +1,5 @@
-"""A CPU rank that waits for its fork server (flair_nbddp/engine/pending_worker.py), with a stand-in server and processes."""
+"""A CPU rank that waits for its fork server (flair_nbddp/engine/pending_worker.py), with a stand-in server and
+processes."""
 
 import signal
 import subprocess

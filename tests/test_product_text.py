@@ -29,7 +29,8 @@ def _prose(markdown: str) -> str:
 
 
 def _markdown_files() -> list[Path]:
-    files = [ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "benchmarks").rglob("*.md")]
+    files = [ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").rglob("*.md"),
+             *(ROOT / "benchmarks").rglob("*.md")]
     return [path for path in files if path.is_file()]
 
 

@@ -36,7 +36,8 @@ from flair_nbddp.wire.events import (
 
 
 class FakeRanks:
-    """A :class:`~flair_nbddp.engine.worker_source.RankGroup` whose ranks are this test: it sends their events itself."""
+    """A :class:`~flair_nbddp.engine.worker_source.RankGroup` whose ranks are this test: it sends their events
+    itself."""
 
     def __init__(self, world_size: int) -> None:
         pairs = [socket.socketpair() for _ in range(world_size)]
@@ -65,7 +66,8 @@ class FakeRanks:
 
 
 class FakeSource:
-    """A :class:`~flair_nbddp.engine.worker_source.WorkerSource` of :class:`FakeRanks`, recording what the run asked of it."""
+    """A :class:`~flair_nbddp.engine.worker_source.WorkerSource` of :class:`FakeRanks`, recording what the run asked
+    of it."""
 
     def __init__(self, world_size: int = 2) -> None:
         self.plan = DevicePlan("cpu", world_size, "gloo")

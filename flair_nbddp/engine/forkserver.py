@@ -1,10 +1,10 @@
 """CPU workers forked from a server that imported torch and flair once, instead of each importing them again.
 
-A worker started as a fresh interpreter spends about 6 CPU-seconds importing torch, transformers and flair before
-its first job: on a 2-core machine, a CPU rehearsal's two ranks wait that long at every cold launch. On Linux, the
-first CPU launch (``device="cpu"``) of a notebook starts a server process that imports torch and flair once, and
-forks that launch's ranks as soon as it is ready (:mod:`~flair_nbddp.engine.pending_worker`: the launch call does not wait
-for it); later CPU ranks are forked from it in a fraction of a second.
+A worker started as a fresh interpreter spends about 6 CPU-seconds importing torch, transformers and flair before its
+first job: on a 2-core machine, a CPU rehearsal's two ranks wait that long at every cold launch. On Linux, the first CPU
+launch (``device="cpu"``) of a notebook starts a server process that imports torch and flair once, and forks that
+launch's ranks as soon as it is ready (:mod:`~flair_nbddp.engine.pending_worker`: the launch call does not wait for it);
+later CPU ranks are forked from it in a fraction of a second.
 
 A forked worker runs the same program as a fresh one (:func:`flair_nbddp.worker.main.main`): in a session of its
 own, with the parent's channel, its log as its output, the rank's environment (``os.environ`` as the parent has it,

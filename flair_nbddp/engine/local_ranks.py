@@ -50,9 +50,9 @@ def spawn_worker(
     ``started`` at once, send it ``spec``, and return the parent's end of the private socket pair it listens on.
     Rank 0 inherits ``listen``, its store's socket.
 
-    A CPU rank on Linux is forked from :mod:`~flair_nbddp.engine.forkserver`'s server, which imports torch and flair once:
-    a :class:`~flair_nbddp.engine.pending_worker.PendingWorker`, forked as soon as the server is ready, without waiting
-    for it here. Other ranks, and those whose server could not start, are fresh interpreters.
+    A CPU rank on Linux is forked from :mod:`~flair_nbddp.engine.forkserver`'s server, which imports torch and flair
+    once: a :class:`~flair_nbddp.engine.pending_worker.PendingWorker`, forked as soon as the server is ready, without
+    waiting for it here. Other ranks, and those whose server could not start, are fresh interpreters.
 
     Every descriptor and process is accounted for, even if an interrupt lands between two lines: an
     interrupted spawn leaves no channel open, and a process that started is in ``started`` for the caller to end.
@@ -64,7 +64,8 @@ def spawn_worker(
         # what the rank unsets, its server has never had (glibc and BLAS read some at a process's start)
         server = forkserver.server_for({name: value for name, value in base.items() if env.get(name, "") is not None})
         if server is None:
-            _note(log, "the fork server exited before it was ready: this worker starts afresh, importing torch and flair")
+            _note(log, "the fork server exited before it was ready: this worker starts afresh, importing torch and "
+                       "flair")
     cwd = os.getcwd()
 
     def fresh(fds: dict[str, int]) -> subprocess.Popen:

@@ -1,11 +1,11 @@
 """What the ranks print, as the parent reads it: the lines the cell shows, and the tail of each rank's output.
 
-With ``output="rank0"`` (the default) the cell shows rank 0's output as it is, and every other rank's stderr
-lines and flair warnings (its ``rank<r>.stderr``), each prefixed ``[rank r]``; with ``output="all"``, every
-line of every rank, prefixed. Other ranks' progress bars stay out of the cell. Each rank may show ``BURST_LINES`` lines at once
-(a whole traceback) and ``LINES_PER_SECOND`` a second on average; past that, a line a second says how many
-more its file holds: a rank that prints 1,000 lines a second leaves the cell readable and the parent's work
-small. Each rank's own output is also kept, its last lines only, for the dashboard's per-rank view.
+With ``output="rank0"`` (the default) the cell shows rank 0's output as it is, and every other rank's stderr lines and
+flair warnings (its ``rank<r>.stderr``), each prefixed ``[rank r]``; with ``output="all"``, every line of every rank,
+prefixed. Other ranks' progress bars stay out of the cell. Each rank may show ``BURST_LINES`` lines at once (a whole
+traceback) and ``LINES_PER_SECOND`` a second on average; past that, a line a second says how many more its file holds: a
+rank that prints 1,000 lines a second leaves the cell readable and the parent's work small. Each rank's own output is
+also kept, its last lines only, for the dashboard's per-rank view.
 
 Example:
     >>> import tempfile

@@ -154,7 +154,8 @@ class RunRecorder:
         """Record a run that never got going (its call could not be packed, or its workers not started)."""
         if self.id is None and call is not None:
             self.begin(run, self.describe(run, *call, {}))
-        self._end(lambda ledger: ledger.end(self.id, status="failed", updated_at=time.time(), error=error_summary(error)))
+        self._end(lambda ledger: ledger.end(self.id, status="failed", updated_at=time.time(),
+                                            error=error_summary(error)))  # fmt: skip
 
     def _end(self, write: Callable[[Ledger], None]) -> None:
         with self._lock:

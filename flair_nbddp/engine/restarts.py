@@ -1,12 +1,12 @@
 """Automatic restarts: when a run whose rank failed starts again, from where, and the run that does it by itself.
 
-:class:`Restarts` is the one policy of :func:`flair_nbddp.launch`, :func:`flair_nbddp.start` and the panel: after
-an attempt failed with a rank's error (:class:`~flair_nbddp.WorkerError`: an exception, a signal, out of memory, a
-lost Dask worker) or hung (:class:`~flair_nbddp.RunHangError`), the run starts again from that attempt's last full
-checkpoint (a resumed attempt's list starts with the one it began from; none: from the start), up to ``max_restarts`` times;
-with ``on_oom="halve_chunk"`` a rank out of memory starts it again with flair's ``mini_batch_chunk_size`` halved,
-down to 1, besides. A stop, an interrupt and a ``timeout`` are never restarted. On a Dask cluster the next attempt
-takes the workers still there, or new ones that join within ``restart_timeout`` seconds.
+:class:`Restarts` is the one policy of :func:`flair_nbddp.launch`, :func:`flair_nbddp.start` and the panel: after an
+attempt failed with a rank's error (:class:`~flair_nbddp.WorkerError`: an exception, a signal, out of memory, a lost
+Dask worker) or hung (:class:`~flair_nbddp.RunHangError`), the run starts again from that attempt's last full checkpoint
+(a resumed attempt's list starts with the one it began from; none: from the start), up to ``max_restarts`` times; with
+``on_oom="halve_chunk"`` a rank out of memory starts it again with flair's ``mini_batch_chunk_size`` halved, down to 1,
+besides. A stop, an interrupt and a ``timeout`` are never restarted. On a Dask cluster the next attempt takes the
+workers still there, or new ones that join within ``restart_timeout`` seconds.
 
 :func:`flair_nbddp.launch` applies it while it waits (:mod:`flair_nbddp.engine.watch`); :class:`RestartingRun` is what
 :func:`flair_nbddp.start` returns when restarts are asked for: a thread waits for each attempt and starts the next.

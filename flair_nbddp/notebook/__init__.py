@@ -1,9 +1,10 @@
 """What a user sees and drives in a notebook: a run's views (the widget dashboard, or text lines outside a
 kernel), the Train/Stop panel, the magics, and the ledger's runs as tables and figures.
 
-Importing it makes :func:`flair_nbddp.engine.watch.watch` show runs with :func:`~flair_nbddp.notebook.dashboard.open_view`,
-and :func:`flair_nbddp.sweep` its sweeps with :func:`~flair_nbddp.notebook.sweep_view.open_sweep_view` (the package's
-root imports it, so every launch has its views); nothing below it imports notebook code.
+Importing it makes :func:`flair_nbddp.engine.watch.watch` show runs with
+:func:`~flair_nbddp.notebook.dashboard.open_view`, and :func:`flair_nbddp.sweep` its sweeps with
+:func:`~flair_nbddp.notebook.sweep_view.open_sweep_view` (the package's root imports it, so every launch has its views);
+nothing below it imports notebook code.
 """
 
 from ..sweeps.runner import show_sweeps_with

@@ -24,15 +24,14 @@ the checkpoint's. flair decides "best
 so far" from 0 again in a resumed training; the plugin keeps the checkpoint's best and lets flair overwrite
 ``best-model.pt`` only with a better model, as the uninterrupted training would have.
 
-Training goes on while a checkpoint is written: the states are copied (from a GPU, into pinned host memory, queued
-on the training's stream) and a thread writes the file; the next checkpoint, and the end of training, wait for it.
-The pinned memory is made by another thread while the first epoch trains, as the first step ends and again, until
-the first checkpoint, when the optimizer holds states it was not made for (with fp16, the first step its gradient
-scaler did not skip): torch's caching host allocator keeps it for the copies of every checkpoint, so the first
-checkpoint normally finds it made
-(a DistilBERT-sized model with AdamW on an H100 host: the first checkpoint's wait fell from 0.28-0.31 s to 0.004 s,
-``benchmarks/checkpoint_cost.py``). A checkpoint that comes while the thread still pins (every step, or a stop in the first
-steps) waits for it, as it would have pinned the rest itself.
+Training goes on while a checkpoint is written: the states are copied (from a GPU, into pinned host memory, queued on
+the training's stream) and a thread writes the file; the next checkpoint, and the end of training, wait for it. The
+pinned memory is made by another thread while the first epoch trains, as the first step ends and again, until the first
+checkpoint, when the optimizer holds states it was not made for (with fp16, the first step its gradient scaler did not
+skip): torch's caching host allocator keeps it for the copies of every checkpoint, so the first checkpoint normally
+finds it made (a DistilBERT-sized model with AdamW on an H100 host: the first checkpoint's wait fell from 0.28-0.31 s to
+0.004 s, ``benchmarks/checkpoint_cost.py``). A checkpoint that comes while the thread still pins (every step, or a stop
+in the first steps) waits for it, as it would have pinned the rest itself.
 
 Nothing here draws a random number: a training with checkpoints is the same training.
 """
@@ -62,12 +61,13 @@ _PLAIN = (bool, int, float, str, type(None))
 class Checkpointing(TrainerPlugin):
     """Writes full checkpoints (rank 0) and resumes from ``resume`` (every rank).
 
-    ``gather(value)`` returns every rank's value, rank 0's first (a single process: ``[value]``); ``saved(epoch,
-    batch, steps, path, sha256)`` is called on rank 0 after each write (``steps``: flair's step count then); ``stopping()`` says the notebook's stop ended the
-    training (every rank at the same batch); ``every``: also a checkpoint every so many optimizer steps, written as
-    the next batch begins (once every plugin, a scheduler's included, is done with the last one). In a run it comes
-    after flair's own plugins (``train``/``fine_tune`` put their schedulers' in the list of plugins) and before the
-    one that stops the training, so that a stop's checkpoint sees the last batch counted and the schedule stepped.
+    ``gather(value)`` returns every rank's value, rank 0's first (a single process: ``[value]``); ``saved(epoch, batch,
+    steps, path, sha256)`` is called on rank 0 after each write (``steps``: flair's step count then); ``stopping()``
+    says the notebook's stop ended the training (every rank at the same batch); ``every``: also a checkpoint every so
+    many optimizer steps, written as the next batch begins (once every plugin, a scheduler's included, is done with the
+    last one). In a run it comes after flair's own plugins (``train``/``fine_tune`` put their schedulers' in the list of
+    plugins) and before the one that stops the training, so that a stop's checkpoint sees the last batch counted and the
+    schedule stepped.
     """
 
     def __init__(

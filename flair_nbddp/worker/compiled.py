@@ -14,10 +14,10 @@ each transformer is as it was (eager, or compiled as the user had compiled it), 
 are cleared for the whole process (a warm worker's next job builds new models); torch keeps compiled kernels on disk,
 so a later run of the same model compiles faster. A model without transformer embeddings trains eager, with a notice.
 
-What it gains, measured on an H100 (``benchmarks/throughput.py --precision bf16 --compile-model MODE``): nothing with inductor's
-default mode, whose per-kernel launches from Python cost the training thread what eager's did; 1.06-1.23 times the
-eager bf16 rate over an epoch with ``"reduce-overhead"``, after 20-40 s of compiling. It pays in long runs with
-batches of few distinct lengths: CUDA graphs are recorded for every batch shape. Compiled arithmetic (fused
+What it gains, measured on an H100 (``benchmarks/throughput.py --precision bf16 --compile-model MODE``): nothing with
+inductor's default mode, whose per-kernel launches from Python cost the training thread what eager's did; 1.06-1.23
+times the eager bf16 rate over an epoch with ``"reduce-overhead"``, after 20-40 s of compiling. It pays in long runs
+with batches of few distinct lengths: CUDA graphs are recorded for every batch shape. Compiled arithmetic (fused
 kernels, another random stream for dropout) is not flair's bit for bit, in any precision.
 
 Example:
