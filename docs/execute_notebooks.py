@@ -2,10 +2,11 @@
 
 The site renders ``notebooks/*.ipynb`` as they are stored (mkdocs-jupyter with ``execute: false``). This script runs
 each notebook top to bottom with nbclient, in the environment the tests run them in (2 CPU processes, a fixed seed,
-offline), with a run ledger (``FLAIR_NBDDP_HOME``), run directories (``FLAIR_NBDDP_RUNS``) and a working directory
-of its own in a temporary directory, so that nothing it writes lands in the repository. It then writes the notebook
-back with every code cell's outputs and execution count, less what would not render without a kernel or would not
-be true of another machine:
+offline), with a run ledger (``FLAIR_NBDDP_HOME``), run directories (``FLAIR_NBDDP_RUNS``), device claims
+(``FLAIR_NBDDP_CLAIMS``: other kernels of the machine do not change what a notebook's runs get) and a working
+directory of its own in a temporary directory, so that nothing it writes lands in the repository. It then writes the
+notebook back with every code cell's outputs and execution count, less what would not render without a kernel or
+would not be true of another machine:
 
 - ``metadata.widgets`` (saved widget state) is dropped;
 - the ``application/vnd.jupyter.widget-view+json`` mime type is removed from every output: the dashboard replaces
@@ -58,7 +59,8 @@ def execute(notebook: Path, out: Path) -> float:
         temporary = Path(temporary).resolve()
         workdir = temporary / notebook.stem
         workdir.mkdir()
-        private = {"FLAIR_NBDDP_RUNS": str(temporary / "runs"), "FLAIR_NBDDP_HOME": str(temporary / "home")}
+        private = {"FLAIR_NBDDP_RUNS": str(temporary / "runs"), "FLAIR_NBDDP_HOME": str(temporary / "home"),
+                   "FLAIR_NBDDP_CLAIMS": str(temporary / "claims")}  # fmt: skip
         saved = {name: os.environ.get(name) for name in [*ENVIRONMENT, *private]}
         os.environ.update(ENVIRONMENT, **private)  # the kernel inherits them: its run ledger and studies are new
         started = time.monotonic()

@@ -47,6 +47,7 @@ from .options import RunOptions
 from .pool import WorkerPool
 from .result import Attempt, Checkpoint, RunResult
 from .engine.run import Run, runs, wait_all
+from .engine.in_use import devices_in_use
 from .sweeps import Sweep, sweep
 from .wire.pool_ref import PoolRef
 from .worker.ddp_exec import RankResult
@@ -91,6 +92,7 @@ __all__ = [
     "WorkerError",
     "WorkerPool",
     "compare",
+    "devices_in_use",
     "export_tensorboard",
     "history",
     "launch",

@@ -107,7 +107,8 @@ def launch(
             kit (the message says what it has).
         UnsupportedPlatformError: on Windows (the workers need POSIX).
         DashboardUnavailableError: ``dashboard=True`` outside a Jupyter kernel.
-        RunActiveError: another active run of this kernel holds a device it needs (the message names that run).
+        RunActiveError: another run (of this kernel, another kernel or another user) holds a device it needs, or no
+            device is free (the message names the holder); with ``wait_for_devices`` only once that time is spent.
 
     Each but the first two is raised before any worker starts; all derive from :class:`FlairNbddpError`.
 

@@ -89,8 +89,9 @@ class DashboardUnavailableError(FlairNbddpError, RuntimeError):
 
 # -- runs and pools in the wrong state ------------------------------------------------------------
 class RunActiveError(FlairNbddpError, RuntimeError):
-    """Another active run of this kernel holds a device the run asks for (a GPU, CPU process slots, a Dask worker): the
-    message names it. Runs on disjoint devices go side by side."""
+    """Another active run holds a device the run asks for (a GPU, CPU process slots, a Dask worker), in this kernel or
+    in another process of the machine, or no device is free: the message names the holder (user, process, notebook,
+    since when). Runs on disjoint devices go side by side; ``wait_for_devices=S`` waits for busy ones."""
 
 
 class RunStateError(FlairNbddpError, RuntimeError):

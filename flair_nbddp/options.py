@@ -14,7 +14,7 @@ Example:
     >>> RunOptions.of({"proceses": 2})
     Traceback (most recent call last):
     ...
-    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, share_gpus, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs, precision, compile_model, resume, checkpoint_every, max_restarts, restart_timeout, on_oom, resume_force
+    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, share_gpus, wait_for_devices, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs, precision, compile_model, resume, checkpoint_every, max_restarts, restart_timeout, on_oom, resume_force
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ class RunOptions:
     """
 
     processes: int | None = _option(
-        None, "number of processes; default every visible GPU, else 2 CPU processes (or ``$FLAIR_NBDDP_PROCESSES``).",
+        None, "number of processes; default every free GPU (one no other run holds and no other program uses), else "
+        "2 CPU processes (or ``$FLAIR_NBDDP_PROCESSES``; fewer when other runs hold CPU slots).",
         flag={"type": int, "metavar": "N"},
     )  # fmt: skip
     device: str | None = _option(
@@ -114,8 +115,16 @@ class RunOptions:
     share_gpus: bool = _option(
         False, "with more CUDA processes than GPUs (``processes=4`` on one GPU), run them anyway, the GPUs taken in "
         "turn, over gloo (NCCL takes one rank per GPU): a rehearsal of a multi-GPU run, correct but not fast; the run "
-        "says so and the ledger records its devices. Changes nothing with a GPU per process, or on CPU.",
+        "says so and the ledger records its devices. Also: run on GPUs another run (of any kernel or user) holds, or "
+        "another program uses, sharing them on purpose; the run says with whom.",
         flag={"name": "--share-gpus", "const": True},
+    )  # fmt: skip
+    wait_for_devices: float | None = _option(
+        None, "seconds to wait for devices another run holds (of this kernel, another kernel or another user of the "
+        "machine): the run waits in the machine's queue, says where it stands and who holds what, and starts when "
+        "they are free, runs that asked earlier first; an interrupt leaves the queue. None: refuse at once with "
+        ":class:`~flair_nbddp.RunActiveError`, naming the holder.",
+        flag={"type": float, "metavar": "S"},
     )  # fmt: skip
     cluster: Any = _option(
         None, "run on a Dask cluster instead of this machine: a ``distributed.Client`` (``LocalCluster``, "
@@ -257,6 +266,14 @@ class RunOptions:
                 f"checkpoint_every={self.checkpoint_every!r} is not a number of steps: give e.g. 500, or None for a "
                 "checkpoint at every epoch's end only"
             )
+        if self.wait_for_devices is not None and (
+            isinstance(self.wait_for_devices, bool) or not isinstance(self.wait_for_devices, (int, float))
+            or not self.wait_for_devices >= 0
+        ):  # fmt: skip
+            raise ConfigurationError(
+                f"wait_for_devices={self.wait_for_devices!r} is not a number of seconds: give e.g. 600 to wait up to "
+                "ten minutes for busy devices, or None to be refused at once"
+            )
         if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
             raise ConfigurationError(f"max_restarts={self.max_restarts!r} is not a count: give 0 (the default) or more")
         if self.output not in OUTPUT_MODES:
@@ -295,7 +312,7 @@ class RunOptions:
         return {name: getattr(self, name) for name in option_names() if name not in _RECORDED_APART}
 
 
-_RECORDED_APART = ("processes", "device", "gpus", "share_gpus", "cluster", "dashboard", "run_dir", "seed", "resume", "resume_force")  # noqa: E501
+_RECORDED_APART = ("processes", "device", "gpus", "share_gpus", "wait_for_devices", "cluster", "dashboard", "run_dir", "seed", "resume", "resume_force")  # noqa: E501
 # ...as its devices, directory, seed and the run it resumed from
 
 

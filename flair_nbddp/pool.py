@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from dataclasses import replace
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -78,8 +77,13 @@ class WorkerPool:
     before it starts. A failed or stopped job, or a failed health check, recycles the workers: the next job
     starts on fresh ones, and the pool says so. The workers exit with the kernel, like any worker.
 
+    An open pool on GPUs holds its GPUs for every kernel of the machine (:mod:`~flair_nbddp.engine.claims`): other
+    runs, here or elsewhere, are refused them, naming the pool, until it is closed; every pool is listed by
+    :func:`~flair_nbddp.devices_in_use`.
+
     Args:
-        processes: number of workers; default every visible GPU, else 2 CPU processes.
+        processes: number of workers; default every free GPU (none held by another run or used by another
+            program), else 2 CPU processes.
         device: ``"cuda"``, ``"cpu"`` or None (automatic), as for :func:`~flair_nbddp.launch`.
         gpus: these GPUs only, one worker each (e.g. ``[0, 2]``), as for :func:`~flair_nbddp.launch`.
         share_gpus: let more workers than GPUs share them, over gloo (a rehearsal), as for
@@ -97,6 +101,7 @@ class WorkerPool:
 
     Raises:
         DeviceError: impossible devices, GPUs or process counts.
+        RunActiveError: its GPUs are held by another run or pool (of this kernel or another), or none is free.
         ClusterError: the cluster cannot take the ranks (see :func:`~flair_nbddp.launch`).
         UnsupportedPlatformError: on Windows (the workers need POSIX).
 
@@ -123,19 +128,29 @@ class WorkerPool:
         job_processes: int | None = None,
     ) -> None:
         source = new_workers(processes, device, gpus, cluster, share_gpus)  # checks the devices, places the ranks
-        self.plan: DevicePlan = source.plan
-        self.where = source.where
         self.cluster = cluster
-        plans = slice_plans(self.plan, job_processes, sliceable=cluster is None)  # refused before anything is made
+        slice_plans(source.plan, job_processes, sliceable=cluster is None)  # refused before anything is made
         self.home = RunDir.create(run_dir, prefix="pool-")
         self._name = f"WorkerPool {self.home.path.name}"  # a pool's workers, or a slice's, serve one run at a time
+        # open, it holds its GPUs (its workers keep CUDA memory), taking the free ones if none were named; other
+        # kernels see it either way
+        on_gpus = cluster is None and source.plan.device_type == "cuda"
+        HOLDINGS.take(self, self._name, source.claim if on_gpus else Claim(), share=share_gpus,
+                      fit=source.fit if on_gpus and source.fits else None)  # fmt: skip
+        self.plan: DevicePlan = source.plan
+        self.where = source.where
+        try:
+            HOLDINGS.relabel(self, f"{self._name} (warm, {self.plan})")
+            plans = slice_plans(self.plan, job_processes, sliceable=cluster is None)
+        except BaseException:  # the free GPUs do not make whole slices
+            HOLDINGS.give_back(self)
+            raise
         if plans is None:
             self._slices = [PoolSlice(self, 0, self.plan, source.new_group, self._whole(source.claim))]
         else:
             self._slices = [
                 PoolSlice(self, index, plan, lambda home, plan=plan: WorkerGroup(plan, home),
-                          replace(Claim.of(plan), cpu=0, units=frozenset({f"slice {index} of {self._name}"})),
-                          f"slice-{index}")
+                          Claim(units=frozenset({f"slice {index} of {self._name}"})), f"slice-{index}")
                 for index, plan in enumerate(plans)
             ]  # fmt: skip
         self.jobs_run = 0
@@ -179,8 +194,8 @@ class WorkerPool:
 
     @property
     def claim(self) -> Claim:
-        """What a job on the pool's workers holds while it runs (:mod:`~flair_nbddp.engine.claims`): those workers and
-        their GPUs (the pool's CPU processes exist already: they hold no CPU slot)."""
+        """What a job on the pool's workers holds while it runs (:mod:`~flair_nbddp.engine.claims`): those workers (the
+        pool itself holds their GPUs while it is open, and its CPU processes exist already: they hold no CPU slot)."""
         return self._slices[0].claim
 
     def lease(self, processes: int | None, device: str | None, gpus: Sequence[int] | None) -> WorkerSource:
@@ -211,9 +226,9 @@ class WorkerPool:
         return next((part for part in fits if not part.claim.units & held), fits[0])
 
     def _whole(self, claim: Claim) -> Claim:
-        """What a job on every worker holds: the workers' claim and the pool's name (its CPU processes exist already:
-        they hold no CPU slot)."""
-        return replace(claim, cpu=0, units=claim.units | {self._name})
+        """What a job on every worker holds: the workers' Dask workers, if any, and the pool's name (the pool holds
+        its GPUs itself, and its CPU processes exist already: they hold no CPU slot)."""
+        return Claim(units=claim.units | {self._name})
 
     def _place_again(self) -> None:
         """On a Dask cluster: if Dask workers of the pool's ranks left (a lost node), place the ranks afresh on the
@@ -472,16 +487,19 @@ class WorkerPool:
     def close(self) -> None:
         """End the workers (they leave their process group and exit). The pool cannot be used afterwards."""
         global _CURRENT
-        with self._lock:
-            self._closed = True
-            for part in self._slices:
-                part.close()
-            for ref in self.refs:
-                ref.released = True
-                self._unlink_later.append(ref.path)
-            self._unlink(self._unlink_later)
-            self._unlink_later.clear()
-            self._refs, self.named = weakref.WeakValueDictionary(), {}
+        try:
+            with self._lock:
+                self._closed = True
+                for part in self._slices:
+                    part.close()
+                for ref in self.refs:
+                    ref.released = True
+                    self._unlink_later.append(ref.path)
+                self._unlink(self._unlink_later)
+                self._unlink_later.clear()
+                self._refs, self.named = weakref.WeakValueDictionary(), {}
+        finally:
+            HOLDINGS.give_back(self)
         if _CURRENT is self:
             _CURRENT = None
 

@@ -14,6 +14,8 @@ overriding the caller's value:
   whatever the machine has;
 * ``HF_HUB_OFFLINE=1``: nothing is downloaded (the models are made on the spot);
 * ``FLAIR_NBDDP_HOME``: a new temporary directory, so the run ledger and the sweeps' studies are never the user's own;
+* ``FLAIR_NBDDP_CLAIMS``: a new temporary directory, so the devices a test's runs hold are claimed apart from the
+  machine's other kernels (and from the other test process); the tests of claims across kernels share theirs;
 
 and removes the variables whose mere presence changes what the kit does:
 
@@ -44,6 +46,7 @@ os.environ.update(
     FLAIR_NBDDP_PROCESSES="2",
     HF_HUB_OFFLINE="1",
     FLAIR_NBDDP_HOME=tempfile.mkdtemp(prefix="flair_nbddp-test-home-"),
+    FLAIR_NBDDP_CLAIMS=tempfile.mkdtemp(prefix="flair_nbddp-test-claims-"),
 )
 
 import psutil  # noqa: E402

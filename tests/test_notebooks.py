@@ -88,7 +88,8 @@ def test_notebooks_have_the_switch_to_the_real_thing(notebook):
 
 @pytest.fixture(scope="module")
 def nbval(tmp_path_factory) -> Nbval:
-    """Every notebook but the quickstart, in two nbval processes side by side, each with a run ledger of its own (the
+    """Every notebook but the quickstart, in two nbval processes side by side, each with a run ledger and a claim
+    directory of its own, so that each half's runs take the devices they ask for (the
     quickstart runs in the Binder-like environment of tests/test_binder.py, which holds its memory to a Binder
     session's). Part of a notebook's time is waiting on its kernel and workers: one after another the eight took
     150 s of a suite run on this 2-core machine, side by side 116-118 s (each ran about 1.75 times longer)."""
@@ -96,7 +97,8 @@ def nbval(tmp_path_factory) -> Nbval:
     notebooks = [path for path in NOTEBOOKS if path.name != BINDER_NOTEBOOK]
 
     def run(half: int) -> Nbval:
-        env = {**os.environ, **ENVIRONMENT, "FLAIR_NBDDP_RUNS": str(workdir / f"runs-{half}")}
+        env = {**os.environ, **ENVIRONMENT, "FLAIR_NBDDP_RUNS": str(workdir / f"runs-{half}"),
+               "FLAIR_NBDDP_CLAIMS": str(workdir / f"claims-{half}")}  # fmt: skip
         return run_notebooks(notebooks[half::2], workdir, env)
 
     with ThreadPoolExecutor(2) as pool:

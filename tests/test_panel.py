@@ -1,11 +1,14 @@
 """The training panel: params → widgets, run bookkeeping on a fake run, a real failing run, Train/Stop in a kernel."""
 
+import html
 import re
 import threading
+import time
 from pathlib import Path
 
 import ipywidgets as widgets
 import pytest
+from foreign_claims import ForeignClaim
 from jupyter_kernel import running_kernel
 
 from flair_nbddp.engine.devices import resolve_devices
@@ -234,6 +237,61 @@ def test_train_passes_the_chosen_values_locks_the_form_and_returns_at_once(panel
     assert "● running" in panel.history.value and panel.dashboard_box.children == (panel.dashboard.widget,)
     run.end()
     panel.wait(timeout=5)
+
+
+def test_with_wait_s_train_queues_in_the_background_showing_its_place_and_stop_leaves_the_queue(
+    panel, fake_runs, monkeypatch, tmp_path
+):  # fmt: skip
+    from flair_nbddp.engine.claim_files import ClaimDir
+    from flair_nbddp.engine.claims import HOLDINGS, Claim
+
+    monkeypatch.setenv("FLAIR_NBDDP_CLAIMS", str(tmp_path / "claims"))
+    make, files = panel_module.start, ClaimDir()
+
+    def start_when_free(*args, **kwargs):  # a real wait in the machine's queue, then the fake run
+        HOLDINGS.take("panel", "run '_train'", Claim(cpu=2, capacity=2), wait=kwargs["wait_for_devices"])
+        return make(*args, **kwargs)
+
+    def another_kernels_run():
+        return ForeignClaim(files, label="run 'other'", cpu=2)
+
+    monkeypatch.setattr(panel_module, "start", start_when_free)
+    other = another_kernels_run()
+    panel.wait_for.value = 60
+    assert panel.train() is None and panel.active and _locked(panel) == (True, True, True, False)
+    waiter = threading.Thread(target=panel.wait)  # wait() waits for the run the queue starts
+    waiter.start()
+    wait_for(lambda: "1st in the machine" in panel.status.value)
+    shown = html.unescape(panel.status.value)
+    assert "● waiting" in shown and not fake_runs
+    assert "the CPU's 2 process slots are held: 2 by run 'other' of" in shown
+    other.end()  # the devices free up: the run starts
+    wait_for(lambda: fake_runs)
+    assert fake_runs[0].options.wait_for_devices == 60 and panel.run is fake_runs[0]
+    assert waiter.is_alive()
+    fake_runs[0].end()
+    waiter.join(5)
+    assert not waiter.is_alive() and panel.result.status == "finished"
+    HOLDINGS.give_back("panel")
+    assert panel.train() is fake_runs[1]  # free devices: the run starts at once, queue or not
+    fake_runs[1].end()
+    panel.wait(timeout=5)
+    HOLDINGS.give_back("panel")
+    other = another_kernels_run()
+    panel.train()
+    wait_for(lambda: "1st in the machine" in panel.status.value)
+    panel.stop_button.click()  # leaves the queue
+    wait_for(lambda: not panel.active)
+    assert "2 by run 'other' of" in html.unescape(panel.message.value) and "ready" in panel.status.value
+    assert _locked(panel) == (False, False, False, True) and len(fake_runs) == 2 and not HOLDINGS.holds("panel")
+    other.end()
+
+
+def wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)
 
 
 def test_a_finished_run_is_recorded_with_its_scores_and_unlocks_the_form(panel, fake_runs):

@@ -276,8 +276,8 @@ def test_the_hang_watchdog_ends_the_run_without_copying_snapshots(source):
     for rank, sender in enumerate(source.ranks.ranks):
         sender.send(Started(rank, pid=100 + rank, device="cpu"))
     assert run._supervisor.done.wait(20), "the watchdog did not end the run"
-    assert snapshots == []  # ten checks a second for 0.5 s, and none copied the run's metrics and log
     result = run.wait(timeout=10)
+    assert snapshots == [1, 1]  # the failure's and the result's: of ten checks a second for 0.5 s, none copied them
     assert result.status == "failed" and isinstance(result.error, RunHangError)
     assert "line 7 in spin (rank 1)" in str(result.error) and source.ranks.terminating
     assert source.releases == [(False, "failed")]

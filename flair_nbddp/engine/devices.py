@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,8 +215,8 @@ def env_device() -> str | None:
 
 
 def cpu_slots() -> int:
-    """How many CPU processes runs side by side may have at once, over every run of this kernel (a run of more
-    processes holds them all): ``$FLAIR_NBDDP_PROCESSES``, else 2. Each CPU process gets that share of the cores
+    """How many CPU processes runs side by side may have at once, over every run of the machine's kernels (a run of
+    more processes holds them all): ``$FLAIR_NBDDP_PROCESSES``, else 2. Each CPU process gets that share of the cores
     (``OMP_NUM_THREADS``): a lone one-process run too (``FLAIR_NBDDP_PROCESSES=1`` gives it every core).
 
     Example:
@@ -321,7 +322,14 @@ def resolve_devices(
                 f"ranks on {'it' if gpus == 1 else 'them'} over gloo."
             )
         return cuda_plan(processes, gpus)
-    return DevicePlan("cpu", processes or DEFAULT_CPU_PROCESSES, "gloo")
+    plan = DevicePlan("cpu", processes or DEFAULT_CPU_PROCESSES, "gloo")
+    cores = os.cpu_count() or 1
+    if plan.world_size > cores:
+        warnings.warn(
+            f"{plan.world_size} CPU processes on {cores} cores: they take turns on the cores, so the run is slower "
+            f"than with processes={cores} (fine for a rehearsal of a larger run)", RuntimeWarning, stacklevel=2,
+        )  # fmt: skip
+    return plan
 
 
 def cuda_plan(processes: int, visible: int, chosen: tuple[int, ...] | None = None) -> DevicePlan:

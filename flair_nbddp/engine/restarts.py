@@ -32,13 +32,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .claims import HOLDINGS
 from ..errors import ClusterError, OutOfMemoryError, RunHangError, WorkerError, describe_exit
 from ..options import RunOptions
 from ..result import Attempt, RunResult
 from .run import Run, wait_for_end
 from .rundir import runs_root
 from ..wire.payload import SharedPayload
-from .worker_source import WorkerSource, source_for
+from .worker_source import ColdWorkers, WorkerSource, source_for
 
 RESTART_POLL_SECONDS = 1.0  # how often a restart on a cluster looks for enough Dask workers
 RESTARTABLE = (WorkerError, RunHangError)  # what another attempt may get past: a rank failed, died or was lost; a hang
@@ -56,6 +57,7 @@ class Restarts:
         self._resumed_from_epoch = 0
         self._where = "the start"
         self.payload: SharedPayload | None = None  # the call as the first attempt packed it, for the next ones
+        self._first: Run | None = None  # the first attempt: the next ones run on the devices it took
 
     def attempt(
         self, fn: Callable, args: tuple, kwargs: dict, pool: WorkerSource | None, provenance: Any,
@@ -67,14 +69,20 @@ class Restarts:
         if self.payload is None and (self.options.max_restarts or self.options.on_oom == "halve_chunk"):
             self.payload = SharedPayload(Path(tempfile.mkdtemp(prefix="packed-", dir=runs_root())) / "payload.pkl")
         try:
-            return Run(fn, args, kwargs, source, self.options, provenance=provenance, chunk_size=self.chunk_size,
-                       shared_payload=self.payload)  # fmt: skip
+            run = Run(fn, args, kwargs, source, self.options, provenance=provenance, chunk_size=self.chunk_size,
+                      shared_payload=self.payload)  # fmt: skip
         except BaseException:  # no attempt: the run ends here
             self.close()
             raise
+        self._first = self._first or run
+        if self.payload is not None:  # an attempt's devices stay held until the next takes them (or the run ends)
+            run.hand_over_to = self
+        return run
 
     def close(self) -> None:
-        """The run has ended: drop the packed call kept for its attempts."""
+        """The run has ended: drop the packed call kept for its attempts, and give back the devices its last attempt
+        held."""
+        HOLDINGS.give_back(self)
         if self.payload is not None:
             shutil.rmtree(self.payload.path.parent, ignore_errors=True)
 
@@ -107,6 +115,9 @@ class Restarts:
         """Where the next attempt's ranks come from: as the first attempt's; on a Dask cluster, after a failure,
         the workers still there or new ones that join within ``restart_timeout`` seconds (a lost node leaves too
         few at first), unless ``give_up()`` says the run was stopped meanwhile."""
+        first = self._first
+        if first is not None and isinstance(first.source, ColdWorkers) and first.source.fits and pool is None:
+            return ColdWorkers(first.plan)  # it took the devices free then: a restart resumes on as many ranks
         deadline, waiting = time.monotonic() + self.options.restart_timeout, False
         while True:
             try:

@@ -155,6 +155,8 @@ class Run:
         self._result: RunResult | None = None
         self._released = False
         self._claimed = False  # start() was called: the run holds its devices until released
+        self._leave_queue = threading.Event()  # set by stop(): a run waiting for its devices gives up
+        self.hand_over_to: object | None = None  # who holds its devices once it ends (a restart's next attempt)
         self._acquiring = False
         self._finishing = threading.Lock()
         self._recorder = RunRecorder(provenance, Ledger.default())
@@ -199,32 +201,54 @@ class Run:
 
     # -- starting ---------------------------------------------------------------------------------
     def start(self) -> Run:
-        """Pack the call, hand it to the source's ranks and start watching them; returns at once.
+        """Pack the call, hand it to the source's ranks and start watching them; returns at once (with
+        ``wait_for_devices``, once its devices are free).
 
         Raises:
             RunStateError: the run was started before.
-            RunActiveError: another active run of this process holds one of its devices (GPUs, CPU process slots,
-                Dask workers; :mod:`~flair_nbddp.engine.claims`): the message names it.
+            RunActiveError: another active run (of this kernel, or another process of the machine) holds one of its
+                devices (GPUs, CPU process slots, Dask workers; :mod:`~flair_nbddp.engine.claims`), also after
+                ``wait_for_devices`` seconds or a ``stop()`` while waiting: the message names the holder.
             ShippingError: ``fn`` or an argument cannot be pickled (nothing runs: workers started for the run while
                 a corpus was packed are ended at once).
             PayloadWriteError: the payload cannot be written, e.g. the disk is full (nothing runs, as above).
             PoolRefError: an argument is a released :class:`~flair_nbddp.PoolRef` (nothing runs, as above).
             PoolClosedError: the source is a closed pool.
         """
-        for ended in [run for run in _RUNS if run.active and run.ended]:
-            ended._finish()  # a run nobody waited for gives its devices back once it has ended
-        with _STARTING:  # one check-and-claim at a time: a Run starts once
+        with _STARTING:  # a Run starts once
             if self._claimed or self.state.ended_at is not None:
                 raise RunStateError("this Run was started already: a Run runs once; start a new one")
             self._claimed = True
-            claim = getattr(self.source, "claim", None) or Claim.of(self.plan)
-            HOLDINGS.take(self, f"run '{self.name}' (started {time.strftime('%H:%M:%S')}, {self.plan})", claim)
+        self._take_devices()
         try:
             self._start()
         except BaseException:
             HOLDINGS.give_back(self)
             raise
         return self
+
+    def _take_devices(self) -> None:
+        """Hold the run's devices in this kernel and on the machine (waiting for them with ``wait_for_devices``); a
+        run that asked for none in particular takes those free now, and its state counts its ranks."""
+        source = self.source
+        claim = getattr(source, "claim", None) or Claim.of(self.plan)
+        fit = source.fit if getattr(source, "fits", False) else None
+        try:
+            HOLDINGS.take(self, self._holder_label(), claim, fit=fit,
+                          share=self.options.share_gpus, wait=self.options.wait_for_devices,
+                          cancelled=self._leave_queue, inherit=self.hand_over_to)  # fmt: skip
+        except BaseException:
+            self._claimed = False  # never held anything: it may start later
+            raise
+        if self.state.world_size != self.plan.world_size:
+            self.state = RunState(world_size=self.plan.world_size, device_type=self.plan.device_type)
+
+    def _holder_label(self) -> str:
+        """How other runs' refusals and :func:`~flair_nbddp.devices_in_use` name this run: with its id in the run
+        ledger once it has one."""
+        number = "" if self.record_id is None else f"#{self.record_id} "
+        self._started_clock = getattr(self, "_started_clock", None) or time.strftime("%H:%M:%S")
+        return f"run {number}'{self.name}' (started {self._started_clock}, {self.plan})"
 
     def _start(self) -> None:
         self.dir = RunDir.create(self.options.run_dir)
@@ -248,6 +272,7 @@ class Run:
                 self.state.continue_from(point.checkpoint, point.curve)
                 print(f"flair_nbddp: {point.describe()}")
             self._recorder.begin(self, record)
+            HOLDINGS.relabel(self, self._holder_label())  # with its ledger id, and the devices it took
             notice = self.plan.rehearsal_notice()
             if notice:
                 print(f"flair_nbddp: {notice}", flush=True)
@@ -262,7 +287,8 @@ class Run:
             )
             self._acquiring = True  # from here on the ranks may hold the job, even if acquire() never returns
             self.group = self.source.acquire(job)  # all or nothing: a source that raises has cleaned up
-            self._supervisor = Supervisor(self.group, self.state, self.limits, self.dir, output, self._recorder)
+            self._supervisor = Supervisor(self.group, self.state, self.limits, self.dir, output, self._recorder,
+                                          on_done=self._conclude_unwatched)  # fmt: skip
             _RUNS.append(self)
             self._supervisor.start()
         except BaseException as error:  # an interrupt right here must leave no worker, thread or descriptor behind
@@ -285,7 +311,9 @@ class Run:
 
         flair then saves ``final-model.pt`` in its ``base_path`` (the result's ``checkpoint``) and returns,
         skipping its final test evaluation. Ranks not inside flair training by ``stop_timeout`` seconds are ended.
+        A run still waiting for its devices (``wait_for_devices``) leaves the queue: its ``start()`` raises.
         """
+        self._leave_queue.set()
         if self._supervisor is not None:
             self._supervisor.request_stop()
 
@@ -333,6 +361,12 @@ class Run:
                     self._recorder.end(self, self._result)  # the ledger keeps one end, whichever got there
             return self._result
 
+    def _conclude_unwatched(self) -> None:
+        """On the supervisor's thread, once the run has ended: conclude it, so that its devices go back at once, to
+        this kernel's next run and to other kernels, whether or not anyone waits for it."""
+        with contextlib.suppress(Exception):  # then wait() concludes it, and raises what it met
+            self._finish()
+
     def _conclude(self, supervisor: Supervisor) -> RunResult:
         error = supervisor.failure()
         stopped = error is None and (supervisor.ended_by == "stop" or self.state.stop_requested)
@@ -363,7 +397,10 @@ class Run:
         except KeyboardInterrupt:
             pass  # it came after the run had ended (the release still completed): the result stands
         finally:
-            HOLDINGS.give_back(self)
+            if self.hand_over_to is not None:
+                HOLDINGS.hand_over(self, self.hand_over_to)
+            else:
+                HOLDINGS.give_back(self)
             self.dir.remove_job_files()
 
 

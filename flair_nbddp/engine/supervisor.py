@@ -9,6 +9,8 @@ anything, naming the rank and its log.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import threading
 import time
 from dataclasses import dataclass
@@ -41,9 +43,10 @@ class Supervisor:
 
     def __init__(
         self, group: RankGroup, state: RunState, limits: Limits, run_dir: RunDir, output: RankOutput,
-        recorder: RunRecorder | None = None,
+        recorder: RunRecorder | None = None, on_done: Callable[[], None] | None = None,
     ) -> None:  # fmt: skip
         self.group, self.state, self.limits, self.run_dir = group, state, limits, run_dir
+        self._on_done = on_done  # called on the watching thread once every rank finished or is gone
         self._recorder = recorder  # the run ledger's, fed the metrics in batches
         self.done = threading.Event()
         self.ended_by: str | None = None  # "timeout", "hang" or "stop" once the supervisor ended the ranks
@@ -83,6 +86,8 @@ class Supervisor:
                 self._recorder.flush(self.state)
         self._output.read(self.state, final=True)
         self.done.set()
+        if self._on_done is not None:
+            self._on_done()
 
     def _enforce_limits(self) -> None:
         """End the run when its timeout, the stop grace period or the hang watchdog says so."""

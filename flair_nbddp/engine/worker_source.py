@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from .claims import HOLDINGS, Claim
-from .devices import DevicePlan, resolve_devices
+from .claims import HOLDINGS, Claim, Free, fit_plan
+from .devices import DevicePlan, env_processes, resolve_devices
 from ..errors import ConfigurationError, DeviceError
 from .local_ranks import TERMINATE_GRACE_SECONDS, WorkerGroup
 from ..options import RunOptions
@@ -106,17 +106,28 @@ class ColdWorkers:
     if they have not.
 
     ``new_group`` makes the group for a directory: this machine's worker processes by default, or a cluster's
-    ranks (:func:`flair_nbddp.cluster.ranks.cluster_group_factory`), which ``where`` then names."""
+    ranks (:func:`flair_nbddp.cluster.ranks.cluster_group_factory`), which ``where`` then names. ``fits``: ``plan``
+    is the defaults' (or ``processes`` GPUs, none named), so the run takes the devices free as it starts
+    (:meth:`fit`)."""
 
     def __init__(
         self, plan: DevicePlan, new_group: Callable[[RunDir], RankGroup] | None = None, where: str = "",
-        claim: Claim | None = None,
+        claim: Claim | None = None, fits: bool = False, processes: int | None = None,
     ) -> None:  # fmt: skip
-        self.plan, self.where = plan, where
+        self.plan, self.where, self.fits, self._asked = plan, where, fits, (plan, processes)
         self.claim = claim or Claim.of(plan)  # what its run holds while it runs (:mod:`~flair_nbddp.engine.claims`)
-        self.new_group = new_group or (lambda home: WorkerGroup(plan, home))
+        self.new_group = new_group or (lambda home: WorkerGroup(self.plan, home))
         self._group: RankGroup | None = None
         self._handed = False  # whether the group got its job
+
+    def fit(self, free: Free) -> tuple[Claim, str | None] | None:
+        """Take the devices free now (``free``) instead of those asked by default; None when too few are."""
+        fitted = fit_plan(*self._asked, free)
+        if fitted is None:
+            return None
+        self.plan, line = fitted
+        self.claim = Claim.of(self.plan)
+        return self.claim, line
 
     def prepare(self, run_dir: RunDir, preload: tuple[str, ...]) -> None:
         """Start the workers now, importing ``preload``, while the run packs its call."""
@@ -144,12 +155,17 @@ class ColdWorkers:
 
 def new_workers(
     processes: int | None, device: str | None, gpus: Sequence[int] | None, cluster: Any = None,
-    share_gpus: bool = False,
+    share_gpus: bool = False, fits: bool = True,
 ) -> ColdWorkers:  # fmt: skip
     """New workers for one run: on this machine, or one rank per Dask worker of ``cluster`` (a
-    ``distributed.Client`` or a scheduler address; see :mod:`flair_nbddp.cluster.client`)."""
+    ``distributed.Client`` or a scheduler address; see :mod:`flair_nbddp.cluster.client`). On this machine, a run
+    that names no GPUs takes the free ones as it starts, and one that gives no process count (nor
+    ``$FLAIR_NBDDP_PROCESSES``) the CPU's free slots, unless ``fits`` is False (a resumed run keeps its count)."""
     if cluster is None:
-        return ColdWorkers(resolve_devices(device, processes, gpus, share_gpus))
+        plan = resolve_devices(device, processes, gpus, share_gpus)
+        asked = processes if processes is not None else env_processes()
+        fits = fits and gpus is None and (asked is None or plan.device_type == "cuda")
+        return ColdWorkers(plan, fits=fits, processes=asked)
     from ..cluster.client import connect, place
     from ..cluster.ranks import cluster_group_factory
 
@@ -188,7 +204,8 @@ def source_for(options: RunOptions, pool: WorkerSource | None) -> WorkerSource:
         ClusterError: the cluster cannot take the ranks.
     """
     if pool is None:
-        return new_workers(options.processes, options.device, options.gpus, options.cluster, options.share_gpus)
+        return new_workers(options.processes, options.device, options.gpus, options.cluster, options.share_gpus,
+                           fits=options.resume is None)  # fmt: skip
     if options.cluster is not None:
         raise ConfigurationError(
             "pool= and cluster= both say where to run: a pool made with WorkerPool(cluster=...) runs on its cluster "

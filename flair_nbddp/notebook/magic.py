@@ -1,5 +1,6 @@
-"""IPython magics: ``%%ddp_train`` runs a cell on every device, ``%%ddp_sweep`` sweeps it with Optuna, ``%ddp_pool`` keeps warm workers for it (and
-corpora in them: ``%ddp_pool put corpus``), ``%ddp_info`` shows devices and runs, ``%ddp_runs`` the run ledger.
+"""IPython magics: ``%%ddp_train`` runs a cell on every device, ``%%ddp_sweep`` sweeps it with Optuna, ``%ddp_pool``
+keeps warm workers for it (and corpora in them: ``%ddp_pool put corpus``), ``%ddp_info`` shows devices and runs,
+``%ddp_devices`` every claim on the machine, ``%ddp_runs`` the run ledger.
 
 Load them with ``%load_ext flair_nbddp``.
 
@@ -31,6 +32,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from ..api import launch
 from ..engine.devices import gpu_names, resolve_devices
+from ..engine.in_use import devices_in_use
 from ..errors import (
     ClusterError,
     ConfigurationError,
@@ -512,8 +514,20 @@ class DdpMagics(Magics):
         display(HTML(runs_html(records, empty=f"no runs {which}recorded in {ledger_path()} yet")))
 
     @line_magic
+    def ddp_devices(self, line: str = "") -> None:
+        """Every claim on this machine, from every kernel and user of the kit: runs, warm pools and runs waiting
+        for devices, with their holder (user, process, notebook), age and, for GPUs, memory and utilisation; and the
+        GPUs other programs use. ``flair_nbddp.devices_in_use()`` gives the same list to code."""
+        from IPython.display import display
+
+        if line.strip():
+            raise UsageError(f"%ddp_devices takes no arguments, not {line.strip()!r}")
+        display(devices_in_use())
+
+    @line_magic
     def ddp_info(self, line: str = "") -> None:
-        """Devices, the backend and processes a run would use, versions, and this kernel's runs."""
+        """Devices, the backend and processes a run would use, versions, how many hold devices on the machine, and
+        this kernel's runs."""
         names = gpu_names()
         lines = [f"GPUs visible: {len(names)}"] + [f"  {name}" for name in names]
         try:
@@ -521,6 +535,9 @@ class DdpMagics(Magics):
         except (DeviceError, UnsupportedPlatformError) as error:
             lines.append(f"a run would fail: {error}")
         lines.append("versions: " + ", ".join(f"{name} {version}" for name, version in versions().items()))
+        in_use = devices_in_use()
+        lines.append(f"devices in use on this machine: {len(in_use)} holder{'s' * (len(in_use) != 1)} "
+                     "(%ddp_devices lists them)")  # fmt: skip
         pool = current_pool()
         lines.append(pool.status() if pool else "no warm pool (%ddp_pool start [N] starts one)")
         ledger = ledger_path()

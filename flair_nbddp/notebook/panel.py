@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..api import start
+from ..engine.claims import queue_reports
 from ..engine.devices import DevicePlan, cuda_plan, resolve_devices, visible_gpu_count
-from ..errors import ConfigurationError, NotCallableError, ResumeError, RunActiveError
+from ..errors import ConfigurationError, NotCallableError, ResumeError, RunActiveError, StillRunningError
 from ..ledger.provenance import Provenance
 from ..ledger.store import Ledger, RunRecord
 from ..options import RunOptions, documented
@@ -442,6 +443,8 @@ class TrainingPanel:
         self.dashboard: Dashboard | None = None
         self._done = threading.Event()  # set while no run is active
         self._done.set()
+        self._leave_queue = threading.Event()  # Stop while a run waits for its devices
+        self._queued = threading.Event()  # set while a run waits for its devices (Train with "wait s")
         self._default_plan = resolve_devices(self.options.device, self.options.processes, self.options.gpus,
                                              self.options.share_gpus)  # fmt: skip
         self._build_widgets()
@@ -461,6 +464,15 @@ class TrainingPanel:
 
         self.devices = widgets.Dropdown(description="devices", layout=widgets.Layout(width="250px"))
         self.devices.style.description_width = "56px"
+        self.wait_for = widgets.BoundedFloatText(
+            value=self.options.wait_for_devices or 0.0, min=0.0, max=7 * 86400.0, step=60.0, description="wait s",
+            layout=widgets.Layout(width="150px", margin="0 0 0 8px"),
+        )  # fmt: skip
+        self.wait_for.style.description_width = "48px"
+        self.wait_for.tooltip = (
+            "seconds to wait in the machine's queue when another run (any kernel, any user) holds the devices; "
+            "0: refuse at once, naming the holder"
+        )
         self.train_button = widgets.Button(description="Train", icon="play", button_style="success")
         self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="warning", disabled=True)
         self.resume_button = widgets.Button(description="Resume", icon="forward", disabled=True)
@@ -495,7 +507,7 @@ class TrainingPanel:
             list(self.controls.values()), layout=widgets.Layout(grid_template_columns=columns, grid_gap="2px 24px")
         )
         buttons = widgets.HBox(
-            [self.devices, self.train_button, self.stop_button, self.resume_button, self.status],
+            [self.devices, self.wait_for, self.train_button, self.stop_button, self.resume_button, self.status],
             layout=widgets.Layout(align_items="center", flex_flow="row wrap", margin="8px 0 6px"),
         )
         heading = widgets.HTML(f'<span style="color:{MUTED_COLOR};font-size:12px;font-weight:600">runs</span>')
@@ -530,8 +542,11 @@ class TrainingPanel:
         return ended[-1] if ended else None
 
     # -- acting -----------------------------------------------------------------------------------
-    def train(self) -> Run:
+    def train(self) -> Run | None:
         """What Train does: start a run with the form's values and return it at once (it runs in the background).
+        With a ``wait s`` above 0 and its devices held by another run (of any kernel or user), it returns None and
+        waits for them in the background, its place in the machine's queue shown beside the buttons (then
+        :attr:`run` is the run once it starts, and :meth:`wait` waits for it); Stop leaves the queue.
 
         Raises:
             RunActiveError: a run is active (this panel's or another in this kernel).
@@ -542,7 +557,12 @@ class TrainingPanel:
         try:
             if self.active:
                 raise RunActiveError("this panel's run is still active: Stop it, or wait for it to end")
-            return self._start()
+            if not self.wait_for.value:
+                return self._start()
+            try:
+                return self._start()
+            except RunActiveError:  # busy devices: it queues for them
+                return self._queue()
         except Exception as error:
             self._show_problem(describe_problem(error))
             raise
@@ -574,8 +594,10 @@ class TrainingPanel:
             raise
 
     def stop(self) -> None:
-        """What Stop does: every rank stops after the current batch, flair saves ``final-model.pt``; returns at once."""
-        if self.run is None or not self.active:
+        """What Stop does: every rank stops after the current batch, flair saves ``final-model.pt``; returns at once.
+        A run still waiting for its devices leaves the queue instead."""
+        self._leave_queue.set()
+        if self.run is None or not self.active or self._queued.is_set():
             return
         self.run.stop()
         self.stop_button.disabled = True
@@ -588,11 +610,25 @@ class TrainingPanel:
         for :func:`~flair_nbddp.launch` (the same :func:`~flair_nbddp.engine.run.wait_for_end`): the first stops the
         run gracefully, a second ends its workers at once.
 
+        A run still waiting for its devices is waited for too; an interrupt then leaves the queue.
+
         Raises:
             StillRunningError: (a ``TimeoutError``) the run did not end within ``timeout`` seconds (it goes on).
         """
-        if self.run is not None:
-            wait_for_end(self.run, self._done, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        queued = self._queued.is_set()
+        try:
+            while self._queued.is_set():
+                if deadline is not None and time.monotonic() > deadline:
+                    raise StillRunningError(f"the panel's run still waits for its devices after {timeout:g} s; it goes "
+                                            "on waiting (Stop leaves the queue)")  # fmt: skip
+                time.sleep(0.05)
+        except KeyboardInterrupt:
+            self._leave_queue.set()
+            raise
+        if self.run is not None:  # the time left, after a wait in the queue
+            left = max(0.0, deadline - time.monotonic()) if queued and deadline is not None else timeout
+            wait_for_end(self.run, self._done, left)
         return self.result
 
     def history_html(self) -> str:
@@ -667,8 +703,36 @@ class TrainingPanel:
         except Exception:  # a click has no cell to raise into: resume() showed it in the panel
             pass
 
-    def _start(self, earlier: PanelRun | None = None) -> Run:
-        """Start a run with the form's values, or continue ``earlier`` from its last checkpoint on its devices."""
+    def _queue(self) -> None:
+        """Start the run from a background thread, which waits in the machine's queue for its devices while the
+        panel shows where it stands."""
+        self._done = threading.Event()  # wait() waits for the run it starts
+        self._leave_queue = threading.Event()
+        self._queued.set()
+        leave = self._leave_queue
+        self._lock(True)
+        self.status.value = panel_status_html("waiting", "for devices")
+
+        def report(line: str) -> None:
+            self.status.value = panel_status_html("waiting", line.removeprefix("flair_nbddp: "))
+
+        def start_when_free() -> None:
+            try:
+                with queue_reports(report, leave):
+                    self._start(wait=self.wait_for.value)
+            except Exception as error:  # noqa: BLE001 - no cell to raise into: shown in the panel
+                self._done.set()
+                self._show_problem(describe_problem(error))
+                self.status.value = panel_status_html("ready")
+                self._lock(False)
+            finally:
+                self._queued.clear()
+
+        threading.Thread(target=start_when_free, name="flair_nbddp-panel-queue", daemon=True).start()
+
+    def _start(self, earlier: PanelRun | None = None, wait: float | None = None) -> Run:
+        """Start a run with the form's values, or continue ``earlier`` from its last checkpoint on its devices;
+        ``wait``: seconds it may wait for them in the machine's queue."""
         chosen, pool = self.values, current_pool()
         self._sync_devices()
         device, processes = self.devices.value
@@ -679,9 +743,11 @@ class TrainingPanel:
         args = () if self.corpus is None else (self._corpus_for(pool),)
         run = start(
             self.fn, args, {**self.fixed, **chosen}, options=self.options, device=device, processes=processes,
-            pool=pool, provenance=Provenance("panel"), resume=resume,
+            pool=pool, provenance=Provenance("panel"), resume=resume, wait_for_devices=wait,
         )  # fmt: skip
-        self.run, self._done = run, threading.Event()
+        self.run = run
+        if self._done.is_set():  # else the queue's, which wait() may be waiting on already
+            self._done = threading.Event()
         record = PanelRun(len(self.runs) + 1, chosen, str(run.plan), record_id=run.record_id)
         self.runs.append(record)
         self._show_problem(NO_PROBLEM)
@@ -743,7 +809,7 @@ class TrainingPanel:
     # -- showing ----------------------------------------------------------------------------------
     def _lock(self, locked: bool) -> None:
         """Lock the form while a run is active (its values are what the run got); Stop only works then."""
-        for control in self.controls.values():
+        for control in [*self.controls.values(), self.wait_for]:
             control.disabled = locked
         self.train_button.disabled = locked
         self.stop_button.disabled = not locked
