@@ -1,4 +1,7 @@
-"""%%ddp_train and %ddp_info, driven through an in-process IPython shell (kernel-level tests: test_kernel.py)."""
+"""%%ddp_train, %ddp_info and %ddp_devices, driven through an in-process IPython shell (kernel-level tests:
+test_kernel.py)."""
+
+import re
 
 import pytest
 from IPython.core.error import UsageError
@@ -144,6 +147,25 @@ def test_ddp_info_lists_devices_versions_and_runs(shell, capsys):
     assert f"GPUs visible: {visible_gpu_count()}" in out and "a run would use: 2 × cpu (gloo)" in out
     assert "flair 0.15.1" in out
     assert "runs in this kernel:" in out and "%%ddp_train (ledger #" in out and "): finished" in out
+    assert re.search(r"devices in use on this machine: \d+ holders? \(%ddp_devices lists them\)", out)
+
+
+def test_ddp_devices_shows_every_claim_on_the_machine(shell, monkeypatch, tmp_path):
+    from flair_nbddp.engine.claim_files import ClaimDir
+    from foreign_claims import ForeignClaim
+
+    monkeypatch.setenv("FLAIR_NBDDP_CLAIMS", str(tmp_path / "claims"))
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda value: shown.append(value))
+    shell.run_line_magic("ddp_devices", "")
+    assert repr(shown[-1]).startswith("no device of this machine is held by a flair_nbddp run")
+    other = ForeignClaim(ClaimDir(), cpu=2, capacity=2)
+    shell.run_line_magic("ddp_devices", "")
+    html = shown[-1]._repr_html_()
+    assert "run #7 &#x27;tagger&#x27; (started 09:00:00)" in html and "alice" in html and "ner/tagger.ipynb" in html
+    with pytest.raises(UsageError, match="%ddp_devices takes no arguments"):
+        shell.run_line_magic("ddp_devices", "--all")
+    other.end()
 
 
 @pytest.fixture

@@ -128,7 +128,7 @@ class ClaimRecord:
 
     @classmethod
     def read(cls, path: Path, text: str) -> ClaimRecord | None:
-        """The record a claim file holds; None if it holds none of this format.
+        """The record a claim file holds; None if it holds none of this format (or a time or pid out of range).
 
         Raises:
             ValueError: (``json``'s, or a field's) it is not JSON, or a field is not of its type.
@@ -137,7 +137,7 @@ class ClaimRecord:
         if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("kind") not in KINDS:
             return None
         if not math.isfinite(float(data["since"])) or int(data["pid"]) < 1:
-            raise ValueError(f"since={data['since']!r}, pid={data['pid']!r}")
+            return None
         return cls(
             kind=data["kind"], label=str(data["label"]), user=str(data["user"]), pid=int(data["pid"]),
             host=str(data["host"]), where=str(data["where"]), since=float(data["since"]),
@@ -258,8 +258,9 @@ class ClaimDir:
             fcntl.flock(fd, fcntl.LOCK_EX)
             os.fchmod(fd, 0o644)
             data = json.dumps(record).encode()
-            if os.write(fd, data) != len(data):
-                raise OSError(errno.ENOSPC, f"the claim could not be written whole to {partial}")
+            written = 0
+            while written < len(data):  # a full disk raises
+                written += os.write(fd, data[written:])
             os.rename(partial, path)
         except BaseException:
             os.close(fd)
@@ -333,7 +334,7 @@ def _read_live(path: Path) -> ClaimRecord | None:
     except (ValueError, KeyError, TypeError) as error:
         record, why = None, f"{type(error).__name__}: {error}"
     else:
-        why = f"not a format-{FORMAT} claim"
+        why = f"not a format-{FORMAT} claim, or a field out of range"
     if record is None:
         _warn_once(str(path), f"{path} is not a readable flair_nbddp claim ({why}); it is ignored")
     return record

@@ -126,8 +126,10 @@ def fit_plan(plan: DevicePlan, processes: int | None, free: Free) -> tuple[Devic
     Example:
         >>> free = Free([1, 3], ["GPU 0 is held by run 'a' of ann", "GPU 2 is held by run 'b' of bo"], 1, 2, ["1 by x"])
         >>> plan, line = fit_plan(DevicePlan("cuda", 4, "nccl"), None, free)
-        >>> str(plan), line
-        ('2 × cuda 1,3 (nccl)', "GPU 0 is held by run 'a' of ann; GPU 2 is held by run 'b' of bo: this run takes GPUs 1,3")
+        >>> str(plan)
+        '2 × cuda 1,3 (nccl)'
+        >>> line
+        "GPU 0 is held by run 'a' of ann; GPU 2 is held by run 'b' of bo: this run takes GPUs 1,3"
         >>> str(fit_plan(DevicePlan("cpu", 2, "gloo"), None, free)[0]), fit_plan(DevicePlan("cuda", 3, "nccl"), 3, free)
         ('1 × cpu (gloo)', None)
     """

@@ -75,8 +75,9 @@ class Restarts:
             self.close()
             raise
         self._first = self._first or run
-        if self.payload is not None:  # an attempt's devices stay held until the next takes them (or the run ends)
-            run.hand_over_to = self
+        on_cluster = self.options.cluster is not None or getattr(pool, "cluster", None) is not None
+        if self.payload is not None and not on_cluster:  # its devices stay held until the next attempt takes them
+            run.hand_over_to = self  # (on a cluster, the next is placed afresh on the workers there then)
         return run
 
     def close(self) -> None:
