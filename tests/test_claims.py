@@ -333,3 +333,14 @@ def test_what_another_user_leaves_in_the_directory_can_neither_hang_nor_break_a_
         Holdings().take("mine", "run", Claim.of(DevicePlan("cpu", 2, "gloo"), slots=2))
     os.close(stuck)
     Holdings().take("mine", "run", Claim.of(DevicePlan("cpu", 2, "gloo"), slots=2))
+
+
+def test_a_restart_keeps_its_devices_though_runs_wait_for_them(own_claims):
+    desk, gpu = Holdings(), Claim(gpus=frozenset({"0"}))
+    desk.take("attempt 1", "run 'train'", gpu)
+    desk.hand_over("attempt 1", "restarts")
+    someone_else(own_claims, kind="wait", gpus=["0"], user="carol")  # asked for GPU 0 while the attempt ran
+    someone_else(own_claims, kind="wait", gpus=["any"], user="dan")
+    desk.take("attempt 2", "run 'train'", gpu, inherit="restarts")  # its own: no one ahead of it for them
+    assert desk.holds("attempt 2") and [use.holder for use in flair_nbddp.devices_in_use()][0] == "run 'train'"
+    desk.give_back("attempt 2")

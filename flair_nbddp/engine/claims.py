@@ -231,9 +231,11 @@ class Holdings:
         any_gpus, any_slot = bool(fit and claim.gpus), bool(fit and claim.cpu)  # it takes whichever are free
         ask = Ask((ANY_GPU,) if any_gpus else tuple(sorted(claim.gpus)), 1 if any_slot else claim.cpu)
         ticket: Held | None = None
-        shown = ""
+        shown, conflict, ahead = "", None, []
         try:
             while True:
+                if ticket is not None and any(event.is_set() for event in leave):  # a stop while it waited
+                    raise RunActiveError(_refusal(conflict, ahead, time.monotonic() - began))
                 with self._lock, files.mutex():
                     others = self._others({holder, inherit}, files, gpus=bool(claim.gpus))
                     queue = files.live("wait", include_own=True)
@@ -247,16 +249,17 @@ class Holdings:
                         conflict, shared = self._none_free(claim, others), ""
                     else:
                         conflict, shared = _conflict(chosen, others, share)
-                    # it yields to the runs waiting ahead for what it would take now
-                    ahead = [] if conflict else _ahead(queue, ticket, Ask(tuple(sorted(chosen.gpus)), chosen.cpu))
+                    # it yields to the runs waiting ahead for what it would take now, but for what it inherits
+                    kept = self._held[inherit][1] if inherit in self._held else Claim()
+                    ahead = [] if conflict else _ahead(
+                        queue, ticket, Ask(tuple(sorted(chosen.gpus - kept.gpus)), max(0, chosen.cpu - kept.cpu))
+                    )  # fmt: skip
                     if not conflict and not ahead:
                         held = files.publish("claim", {"label": label, "shared": bool(shared), **chosen.fields()})
                         self._held[holder] = (label, chosen, held)
-                        if inherit is not None and inherit in self._held:
+                        if inherit in self._held:
                             files.withdraw(self._held.pop(inherit)[2])
-                        for said in filter(None, (line, shared)):
-                            say(f"flair_nbddp: {said}")
-                        return
+                        break
                     if deadline is None or time.monotonic() >= deadline or any(event.is_set() for event in leave):
                         waited = time.monotonic() - began if wait else None
                         raise RunActiveError(_refusal(conflict, ahead, waited))
@@ -271,6 +274,8 @@ class Holdings:
         finally:
             if ticket is not None:
                 files.withdraw(ticket)
+        for said in filter(None, (line, shared)):  # held: what it left out, and whom it shares with
+            say(f"flair_nbddp: {said}")
 
     def give_back(self, holder: Hashable) -> None:
         """Release what ``holder`` held (nothing happens if it held nothing)."""
@@ -283,6 +288,8 @@ class Holdings:
         """What ``holder`` holds is held by ``to`` from now on (nothing happens if it held nothing)."""
         with self._lock:
             if holder in self._held:
+                if to in self._held:  # what it held before goes
+                    ClaimDir(self._held[to][2].path.parent).withdraw(self._held.pop(to)[2])
                 self._held[to] = self._held.pop(holder)
 
     def relabel(self, holder: Hashable, label: str) -> None:
@@ -341,8 +348,8 @@ class Holdings:
             listed = ", ".join(f"{held.cpu} by {name}" for name, held in others if held.cpu)
             return Conflict(f"every CPU process slot is held ({listed})", "; ", "wait for a run to end or stop it")
         free = self._free(others, cpu_slots())
-        count = f"only {len(free.gpus)} GPU{'s are' if len(free.gpus) > 1 else ' is'} free" if free.gpus else "no GPU is"
-        count += "" if free.gpus else " free"
+        plural = "s are" if len(free.gpus) > 1 else " is"
+        count = f"only {len(free.gpus)} GPU{plural} free" if free.gpus else "no GPU is free"
         return Conflict(f"{count}: {'; '.join(free.left_out)}", ". ", "Wait for them",
                         ", ask for fewer, or share one on purpose (gpus=[N], share_gpus=True)",
                         queue=" (start with wait_for_devices=SECONDS)")  # fmt: skip

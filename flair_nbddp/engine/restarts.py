@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import threading
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .claims import HOLDINGS
-from ..errors import ClusterError, OutOfMemoryError, RunHangError, WorkerError, describe_exit
+from ..errors import ClusterError, RunStateError, OutOfMemoryError, RunHangError, WorkerError, describe_exit
 from ..options import RunOptions
 from ..result import Attempt, RunResult
 from .run import Run, wait_for_end
@@ -58,6 +59,7 @@ class Restarts:
         self._where = "the start"
         self.payload: SharedPayload | None = None  # the call as the first attempt packed it, for the next ones
         self._first: Run | None = None  # the first attempt: the next ones run on the devices it took
+        self._last: Run | None = None  # the attempt before the next one
 
     def attempt(
         self, fn: Callable, args: tuple, kwargs: dict, pool: WorkerSource | None, provenance: Any,
@@ -74,7 +76,7 @@ class Restarts:
         except BaseException:  # no attempt: the run ends here
             self.close()
             raise
-        self._first = self._first or run
+        self._first, self._last = self._first or run, run
         on_cluster = self.options.cluster is not None or getattr(pool, "cluster", None) is not None
         if self.payload is not None and not on_cluster:  # its devices stay held until the next attempt takes them
             run.hand_over_to = self  # (on a cluster, the next is placed afresh on the workers there then)
@@ -116,9 +118,11 @@ class Restarts:
         """Where the next attempt's ranks come from: as the first attempt's; on a Dask cluster, after a failure,
         the workers still there or new ones that join within ``restart_timeout`` seconds (a lost node leaves too
         few at first), unless ``give_up()`` says the run was stopped meanwhile."""
-        first = self._first
+        first, last = self._first, self._last
         if first is not None and isinstance(first.source, ColdWorkers) and first.source.fits and pool is None:
             return ColdWorkers(first.plan)  # it took the devices free then: a restart resumes on as many ranks
+        if last is not None and last.hand_over_to is self and pool is not None:
+            return last.source  # the pool, or the slice of it, whose devices it holds for this attempt
         deadline, waiting = time.monotonic() + self.options.restart_timeout, False
         while True:
             try:
@@ -218,7 +222,9 @@ class RestartingRun:
     def kill(self) -> RunResult:
         """End the current attempt's workers now; no attempt follows."""
         self._ending = self._killing = True
-        self.current.kill()
+        self.current.stop()  # an attempt still waiting for its devices leaves the queue
+        with contextlib.suppress(RunStateError):  # it never started
+            self.current.kill()
         self._done.wait()
         return self._result
 
@@ -240,11 +246,11 @@ class RestartingRun:
                     break
                 print(f"flair_nbddp: {line}", flush=True)
                 try:
-                    run = self._attempt().start()
+                    run = self.current = self._attempt()  # stop() reaches it while it waits for its devices
+                    run.start()
                 except Exception as error:  # noqa: BLE001 - the next attempt could not start: the run ends failed
                     result.error, result.attempts = error, self.restarts.attempts
                     break
-                self.current = run
                 if self._killing:  # ended, or stopped, while the attempt started
                     run.kill()
                 elif self._ending:

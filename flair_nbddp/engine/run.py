@@ -30,6 +30,7 @@ from .devices import DevicePlan
 from ..errors import (
     ConfigurationError,
     NotCallableError,
+    RunActiveError,
     RunStateError,
     ShippingError,
     StillRunningError,
@@ -215,6 +216,8 @@ class Run:
             PoolRefError: an argument is a released :class:`~flair_nbddp.PoolRef` (nothing runs, as above).
             PoolClosedError: the source is a closed pool.
         """
+        for ended in [run for run in _RUNS if run.active and run.ended]:
+            ended._finish()  # an ended run whose supervisor is still concluding it: its devices go back first
         with _STARTING:  # a Run starts once
             if self._claimed or self.state.ended_at is not None:
                 raise RunStateError("this Run was started already: a Run runs once; start a new one")
@@ -240,6 +243,10 @@ class Run:
         except BaseException:
             self._claimed = False  # never held anything: it may start later
             raise
+        if self.options.wait_for_devices is not None and self._leave_queue.is_set():  # stopped as they came free
+            HOLDINGS.give_back(self)
+            self._claimed = False
+            raise RunActiveError(f"run '{self.name}' was stopped while it waited for its devices; nothing started")
         if self.state.world_size != self.plan.world_size:
             self.state = RunState(world_size=self.plan.world_size, device_type=self.plan.device_type)
 

@@ -77,9 +77,12 @@ def watch(run: Run, dashboard: bool | None = None) -> RunResult:
         Whatever ``run.start()`` raises, and the run's error (:class:`~flair_nbddp.WorkerError`...) when it failed.
     """
     view = _chooser(run, dashboard)  # before any worker starts: an impossible view must not cost a start
+    planned = run.plan.world_size
     shown = False  # a run that never started has nothing to show
     try:
         run.start()
+        if run.plan.world_size != planned:  # it took the free devices: a view of its ranks
+            view = _chooser(run, dashboard)
         shown = True
         view.start()
         result = run.wait(on_tick=view.poll)

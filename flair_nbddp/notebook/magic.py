@@ -38,6 +38,7 @@ from ..errors import (
     ConfigurationError,
     DeviceError,
     LedgerError,
+    RunActiveError,
     ShippingError,
     UnknownOptionError,
     UnsupportedPlatformError,
@@ -388,7 +389,7 @@ class DdpMagics(Magics):
         try:
             pool = WorkerPool(processes, device, gpus=gpus, cluster=cluster_option(cluster, self.shell.user_ns),
                               share_gpus=share_gpus, job_processes=job_processes)  # fmt: skip
-        except (ConfigurationError, ClusterError, UnsupportedPlatformError) as error:
+        except (ConfigurationError, ClusterError, UnsupportedPlatformError, RunActiveError) as error:
             raise UsageError(str(error)) from None
         set_current_pool(pool)
         if for_exec:

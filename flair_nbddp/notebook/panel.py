@@ -719,7 +719,9 @@ class TrainingPanel:
         def start_when_free() -> None:
             try:
                 with queue_reports(report, leave):
-                    self._start(wait=self.wait_for.value)
+                    run = self._start(wait=self.wait_for.value)
+                if leave.is_set():  # Stop came as the devices came free
+                    run.stop()
             except Exception as error:  # noqa: BLE001 - no cell to raise into: shown in the panel
                 self._done.set()
                 self._show_problem(describe_problem(error))
