@@ -6,10 +6,11 @@ import os
 import re
 import stat
 import threading
-import time
 import warnings
 
 import pytest
+from conftest import wait_for
+from foreign_claims import ForeignClaim
 
 import flair_nbddp
 from flair_nbddp import RunActiveError, WorkerPool
@@ -21,7 +22,6 @@ from flair_nbddp.engine.gpu_use import GpuUse
 from flair_nbddp.engine.worker_source import new_workers
 from flair_nbddp.errors import ConfigurationError
 from flair_nbddp.options import RunOptions
-from foreign_claims import ForeignClaim
 
 GB = 1 << 30
 
@@ -44,13 +44,6 @@ def four_gpus(monkeypatch):
 def someone_else(files: ClaimDir, kind: str = "claim", user: str = "alice", **fields) -> ForeignClaim:
     """A live claim (or place in the queue) of another process of the machine."""
     return ForeignClaim(files, kind, user, **fields)
-
-
-def until(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.01)
 
 
 def test_a_default_run_takes_the_free_gpus_and_says_which_it_left_out_and_why(own_claims, four_gpus):
@@ -152,16 +145,16 @@ def test_waiting_runs_start_in_the_order_they_asked_and_a_newcomer_does_not_jump
     desk, started, lines = Holdings(), [], {"first": [], "second": []}
     cpu = Claim.of(DevicePlan("cpu", 2, "gloo"), slots=2)
 
-    def wait_for(name):
+    def wait_in_queue(name):
         desk.take(name, f"run '{name}'", cpu, wait=30, say=lines[name].append)
         started.append(name)
 
-    first = threading.Thread(target=wait_for, args=("first",))
+    first = threading.Thread(target=wait_in_queue, args=("first",))
     first.start()
-    until(lambda: lines["first"])
-    second = threading.Thread(target=wait_for, args=("second",))
+    wait_for(lambda: lines["first"], 10, "the first waiter's place")
+    second = threading.Thread(target=wait_in_queue, args=("second",))
     second.start()
-    until(lambda: lines["second"])
+    wait_for(lambda: lines["second"], 10, "the second waiter's place")
     assert "1st in the machine's queue" in lines["first"][0] and "the CPU's 2 process slots are held: 2 by run #7" in \
         lines["first"][0]  # fmt: skip
     assert "2nd in the machine's queue" in lines["second"][0] and "ahead: run 'first' of" in lines["second"][0]
@@ -198,7 +191,7 @@ def test_a_stop_or_an_elapsed_wait_leaves_the_queue(own_claims):
 
     thread = threading.Thread(target=wait)
     thread.start()
-    until(lambda: own_claims.live("wait", include_own=True))
+    wait_for(lambda: own_claims.live("wait", include_own=True), 10, "the place in the queue")
     leave.set()
     thread.join(5)
     assert outcome and own_claims.live("wait", include_own=True) == []

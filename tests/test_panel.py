@@ -3,11 +3,11 @@
 import html
 import re
 import threading
-import time
 from pathlib import Path
 
 import ipywidgets as widgets
 import pytest
+from conftest import wait_for
 from foreign_claims import ForeignClaim
 from jupyter_kernel import running_kernel
 
@@ -261,12 +261,12 @@ def test_with_wait_s_train_queues_in_the_background_showing_its_place_and_stop_l
     assert panel.train() is None and panel.active and _locked(panel) == (True, True, True, False)
     waiter = threading.Thread(target=panel.wait)  # wait() waits for the run the queue starts
     waiter.start()
-    wait_for(lambda: "1st in the machine" in panel.status.value)
+    wait_for(lambda: "1st in the machine" in panel.status.value, 10, "the queue's place in the panel")
     shown = html.unescape(panel.status.value)
     assert "● waiting" in shown and not fake_runs
     assert "the CPU's 2 process slots are held: 2 by run 'other' of" in shown
     other.end()  # the devices free up: the run starts
-    wait_for(lambda: fake_runs)
+    wait_for(lambda: fake_runs, 10, "the run to start")
     assert fake_runs[0].options.wait_for_devices == 60 and panel.run is fake_runs[0]
     assert waiter.is_alive()
     fake_runs[0].end()
@@ -279,19 +279,12 @@ def test_with_wait_s_train_queues_in_the_background_showing_its_place_and_stop_l
     HOLDINGS.give_back("panel")
     other = another_kernels_run()
     panel.train()
-    wait_for(lambda: "1st in the machine" in panel.status.value)
+    wait_for(lambda: "1st in the machine" in panel.status.value, 10, "the queue's place in the panel")
     panel.stop_button.click()  # leaves the queue
-    wait_for(lambda: not panel.active)
+    wait_for(lambda: not panel.active, 10, "the panel to leave the queue")
     assert "2 by run 'other' of" in html.unescape(panel.message.value) and "ready" in panel.status.value
     assert _locked(panel) == (False, False, False, True) and len(fake_runs) == 2 and not HOLDINGS.holds("panel")
     other.end()
-
-
-def wait_for(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.01)
 
 
 def test_a_finished_run_is_recorded_with_its_scores_and_unlocks_the_form(panel, fake_runs):
@@ -559,7 +552,8 @@ def test_train_and_stop_buttons_drive_a_real_run_in_a_kernel(tiny_model_path, tm
     expected = "stopped final-model.pt {'learning_rate': 0.005, 'max_epochs': 20, 'mini_batch_size': 4} 0"
     assert ended.stdout.strip().splitlines() == [expected, "test_score nan in the table's scores: False"]
     notice, outcome = resumed.stdout.strip().splitlines()  # inside an epoch: where the stop's click reached the run
-    assert re.fullmatch(r"flair_nbddp: resuming run #\d+ from epoch \d+, batch \d+ \(.*checkpoint\.pt\)", notice), notice
+    resuming = r"flair_nbddp: resuming run #\d+ from epoch \d+, batch \d+ \(.*checkpoint\.pt\)"
+    assert re.fullmatch(resuming, notice), notice
     assert outcome == "stopped True 2"
     [train] = kernel.widgets_with_class("nbddp-train")
     [stop] = kernel.widgets_with_class("nbddp-stop")
