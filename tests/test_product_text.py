@@ -20,7 +20,7 @@ CODE_REF = re.compile(
     r"|\bissues?\s+#?[1-9]\d{0,3}\b",  # the word issue and a number
     re.I,
 )
-FENCE = re.compile(r"^[ \t]*(```|~~~).*?^[ \t]*\1", re.M | re.S)  # a list item's fences are indented
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
 
 
