@@ -237,18 +237,19 @@ class Holdings:
                 if ticket is not None and any(event.is_set() for event in leave):  # a stop while it waited
                     raise RunActiveError(_refusal(conflict, ahead, time.monotonic() - began))
                 with self._lock, files.mutex():
-                    others = self._others({holder, inherit}, files, gpus=bool(claim.gpus))
+                    machine = machine_gpus() if claim.gpus else None  # NVML's view, once a look
+                    others = self._others({holder, inherit}, files, machine)
                     queue = files.live("wait", include_own=True)
                     chosen, line = claim, None
                     if fit is not None:  # the GPUs runs waiting ahead asked for by name are not free for it
                         named = [(f"waited for by {record.holder()}", Claim(gpus=frozenset(record.gpus)))
                                  for record in _ahead(queue, ticket, None) if ANY_GPU not in record.gpus]  # fmt: skip
-                        free = self._free(others + named, claim.capacity or cpu_slots())
+                        free = self._free(others + named, claim.capacity or cpu_slots(), machine)
                         chosen, line = fit(free) or (None, None)
                     if chosen is None:
-                        conflict, shared = self._none_free(claim, others), ""
+                        conflict, shared = self._none_free(claim, others, machine), ""
                     else:
-                        conflict, shared = _conflict(chosen, others, share)
+                        conflict, shared = _conflict(chosen, others, share, machine)
                     # it yields to the runs waiting ahead for what it would take now, but for what it inherits
                     kept = self._held[inherit][1] if inherit in self._held else Claim()
                     ahead = [] if conflict else _ahead(
@@ -310,24 +311,25 @@ class Holdings:
         job on a free slice)."""
         files = ClaimDir()
         with self._lock, files.mutex():
-            return frozenset().union(*(claim.units for _, claim in self._others(set(), files, gpus=False)))
+            return frozenset().union(*(claim.units for _, claim in self._others(set(), files, None)))
 
     def workers_held(self) -> frozenset[str]:
         """The addresses of the Dask workers runs hold now."""
         return Claim(units=self.units_held()).workers
 
-    def _others(self, holders: Collection[Hashable], files: ClaimDir, gpus: bool) -> list[tuple[str, Claim]]:
-        """Every holding but ``holders``': this process's, other processes' (their files), and, when ``gpus``, the
-        GPUs other programs use (NVML), each with how messages name its holder."""
+    def _others(
+        self, holders: Collection[Hashable], files: ClaimDir, machine: list[GpuUse] | None
+    ) -> list[tuple[str, Claim]]:  # fmt: skip
+        """Every holding but ``holders``': this process's, other processes' (their files), and the GPUs of
+        ``machine`` (NVML's view; None: no GPU asked for) other programs use, each named as messages name it."""
         others = [(name, held) for key, (name, held, _) in self._held.items() if key not in holders]
         others += [(record.holder(), Claim.read(record)) for record in files.live("claim")]
-        if gpus:
+        if machine:
             claimed = set().union(*(held.gpus for _, held in others))
-            others += [(who, Claim(gpus=frozenset({gpu}))) for gpu, who in programs_on_gpus(claimed)]
+            others += [(who, Claim(gpus=frozenset({gpu}))) for gpu, who in programs_on_gpus(machine, claimed)]
         return others
 
-    def _free(self, others: list[tuple[str, Claim]], capacity: int) -> Free:
-        machine = machine_gpus()
+    def _free(self, others: list[tuple[str, Claim]], capacity: int, machine: list[GpuUse] | None) -> Free:
         holders = {gpu: name for name, held in others for gpu in held.gpus}
         free, left_out = [], []
         for number in range(devices.visible_gpu_count()):
@@ -342,12 +344,12 @@ class Holdings:
         return Free(free, left_out, max(0, capacity - sum(count for _, count in users)), capacity,
                     [f"{count} by {name}" for name, count in users])  # fmt: skip
 
-    def _none_free(self, claim: Claim, others: list[tuple[str, Claim]]) -> Conflict:
+    def _none_free(self, claim: Claim, others: list[tuple[str, Claim]], machine: list[GpuUse] | None) -> Conflict:
         """Why a run that takes the free devices (as many as ``claim`` at most) finds none."""
         if claim.cpu:
             listed = ", ".join(f"{held.cpu} by {name}" for name, held in others if held.cpu)
             return Conflict(f"every CPU process slot is held ({listed})", "; ", "wait for a run to end or stop it")
-        free = self._free(others, cpu_slots())
+        free = self._free(others, cpu_slots(), machine)
         plural = "s are" if len(free.gpus) > 1 else " is"
         count = f"only {len(free.gpus)} GPU{plural} free" if free.gpus else "no GPU is free"
         return Conflict(f"{count}: {'; '.join(free.left_out)}", ". ", "Wait for them",
@@ -359,10 +361,10 @@ def _held_by(who: str) -> str:
     return who if who.startswith(("used by", "waited for by")) else f"held by {who}"
 
 
-def programs_on_gpus(claimed: Collection[str] = ()) -> list[tuple[str, str]]:
-    """The GPUs (machine-wide ids, other than ``claimed``) on which processes other than this one and its own
-    children use memory, with a phrase naming them: ``used by 2 other processes (pids 41, 97: python; 10.4 GB)``."""
-    machine = machine_gpus()
+def programs_on_gpus(machine: list[GpuUse] | None, claimed: Collection[str] = ()) -> list[tuple[str, str]]:
+    """The GPUs of ``machine`` (:func:`~flair_nbddp.engine.gpu_use.machine_gpus`; machine-wide ids, other than
+    ``claimed``) on which processes other than this one and its own children use memory, with a phrase naming them:
+    ``used by 2 other processes (pids 41, 97: python; 10.4 GB)``."""
     if not machine:
         return []
     import psutil
@@ -409,17 +411,20 @@ class Conflict:
         return f"{self.held}{self.join}{self.advice}{self.queue}{self.rest}"
 
 
-def _conflict(claim: Claim, others: list[tuple[str, Claim]], share: bool = False) -> tuple[Conflict | None, str]:
+def _conflict(
+    claim: Claim, others: list[tuple[str, Claim]], share: bool, machine: list[GpuUse] | None
+) -> tuple[Conflict | None, str]:  # fmt: skip
     """Why ``claim`` cannot be held beside ``others`` (None: it can), and, with ``share``, whom its GPUs are shared
     with."""
     shared = []
     for name, held in others:
         gpus, units = sorted(claim.gpus & held.gpus), sorted(claim.units & held.units)
+        named = f"GPU{'s' * (len(gpus) > 1)} {', '.join(gpu_label(gpu, machine) for gpu in gpus)}"
         if gpus and share:
-            shared.append(f"GPU{'s' * (len(gpus) > 1)} {', '.join(_labels(gpus))} with {name}")
+            shared.append(f"{named} with {name}")
             gpus = []
         if gpus:
-            what, rest = (f"GPU{'s' * (len(gpus) > 1)} {', '.join(_labels(gpus))}",
+            what, rest = (named,
                           ", or choose other GPUs (gpus=[...]), or share them on purpose (share_gpus=True)")
         elif units:
             what, rest = ", ".join(units), ""
@@ -435,11 +440,6 @@ def _conflict(claim: Claim, others: list[tuple[str, Claim]], share: bool = False
                         "wait for one to end or stop it",
                         ", or raise $FLAIR_NBDDP_PROCESSES to let more CPU processes run at once"), ""  # fmt: skip
     return None, ("shares " + "; ".join(shared) + " (share_gpus=True)") if shared else ""
-
-
-def _labels(gpus: list[str]) -> list[str]:
-    machine = machine_gpus()
-    return [gpu_label(gpu, machine) for gpu in gpus]
 
 
 def _ahead(queue: list[ClaimRecord], ticket: Held | None, ask: Ask | None) -> list[ClaimRecord]:

@@ -119,7 +119,7 @@ def devices_in_use() -> DevicesInUse:
             record.units, _use_of(record.gpus, machine),
         ))  # fmt: skip
     claimed = {gpu for record in records if record.kind == "claim" for gpu in record.gpus}
-    for gpu, who in programs_on_gpus(claimed):
+    for gpu, who in programs_on_gpus(machine, claimed):
         found.append(DeviceUse(who, "uses", None, None, None, None, (gpu_label(gpu, machine),),
                                gpu_use=_use_of((gpu,), machine)))  # fmt: skip
     return found
