@@ -614,6 +614,51 @@ def sweep_section(r: Results) -> str:
     ])
 
 
+def predict_section(r: Results) -> str:
+    """flair_nbddp.predict against flair's model.predict, the N-GPU expectation from one GPU's figures, memory."""
+    speeds = sorted(path.name for path in r.folder.glob("predict-speed-*.json"))
+    rows, gpu_rows = [], []
+    for name in speeds:
+        data = r(name)
+        for mode, figures in data["modes"].items():
+            same = figures.get("same_labels_as_flair")
+            rows.append([
+                r.short(name), mode, "1" if mode.startswith("flair") else str(data["processes"]),
+                number(figures["texts_per_second"]), f"**{ratio(figures['vs_flair'])}**" if "vs_flair" in figures else "—",
+                "—" if figures.get("gpu_busy_percent") is None else percent(figures["gpu_busy_percent"]),
+                "—" if same is None else "yes" if same else f"no (largest score difference {figures['largest_score_difference']:.1e})",
+            ])  # fmt: skip
+            if data["machine"].get("gpu") and mode.startswith("kit"):
+                ceiling = 1e6 / figures["notebook_cpu_ms_per_1000_texts"]
+                gpu_rows.append([r.short(name), mode] + [number(min(n * figures["texts_per_second"], ceiling), 0)
+                                                          for n in (1, 2, 4, 8)] + [number(ceiling, 0)])
+    memory = r("predict-memory-cpu.json")
+    parts = [
+        "## Predicting on every device",
+        "`predict` against flair's own `model.predict` in one process, on the same generated reviews as `Sentence` "
+        "objects, with a `TextClassifier` on a transformer built from a config ([predicting](guide/predicting.md)). "
+        "The kit runs on a warm pool that holds the model already; every figure is the best of its rounds. "
+        "*same labels* compares every label with flair's.",
+        table(["machine", "mode", "ranks", "texts/s", "against flair", "GPU busy", "same labels"], rows),
+        r.caption(*speeds),
+    ]
+    if gpu_rows:
+        parts += [
+            "What more GPUs should give, until a machine with several measures it: each GPU predicts at the rate "
+            "measured on one, and the notebook's own work (dealing, shipping, putting labels back: its CPU time per "
+            "text, measured in the same call) sets a ceiling that no number of GPUs passes. Expected texts/s:",
+            table(["measured on", "mode", "1 GPU", "2 GPUs", "4 GPUs", "8 GPUs", "the notebook's ceiling"], gpu_rows),
+        ]
+    parts += [
+        "A call from a text file to a JSON Lines file keeps neither the texts nor the predictions in the notebook:",
+        table(["texts", "input", "output", "kernel memory growth at its peak", "rows in input order"],
+              [[number(memory["texts"], 0), f"{memory['input_mb']} MB", f"{memory['output_mb']} MB",
+                f"**{memory['rss_growth_at_peak_mb']} MB**", "yes" if memory["rows_in_input_order"] else "no"]]),
+        r.caption("predict-memory-cpu.json"),
+    ]  # fmt: skip
+    return "\n\n".join(parts)
+
+
 def overhead_section(r: Results) -> str:
     def row(what: str, name: str, with_: float, without: float, value: float) -> list[str]:
         return [what, r.short(name), number(with_), number(without), f"**{ratio(value)}**"]
@@ -749,6 +794,7 @@ def performance_page(results: Path) -> tuple[str, dict[str, bytes]]:
         big_corpus_section(r, images),
         restart_section(r),
         sweep_section(r),
+        predict_section(r),
         overhead_section(r),
         tokenizing_section(r),
         parity_section(r),

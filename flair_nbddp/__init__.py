@@ -49,6 +49,7 @@ from .result import Attempt, Checkpoint, RunResult
 from .engine.run import Run, runs, wait_all
 from .engine.in_use import devices_in_use
 from .sweeps import Sweep, sweep
+from .predicting import PredictCall, Predictions, predict
 from .wire.pool_ref import PoolRef
 from .worker.ddp_exec import RankResult
 
@@ -72,6 +73,8 @@ __all__ = [
     "PoolClosedError",
     "PoolRef",
     "PoolRefError",
+    "PredictCall",
+    "Predictions",
     "RankResult",
     "ResumeError",
     "Run",
@@ -98,6 +101,7 @@ __all__ = [
     "launch",
     "launch_distributed",
     "load_ipython_extension",
+    "predict",
     "runs",
     "start",
     "sweep",

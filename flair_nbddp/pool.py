@@ -32,6 +32,7 @@ from .errors import ConfigurationError, DeviceError, PoolClosedError, RunActiveE
 from .engine.local_ranks import WorkerGroup
 from .ledger.provenance import Provenance
 from .options import RunOptions, documented
+from .predicting import PredictCall, Predictions, predict
 from .result import RunResult
 from .engine.run import Run, runs
 from .engine.rundir import RunDir
@@ -298,6 +299,18 @@ class WorkerPool:
     def launch_distributed(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         """:func:`flair_nbddp.launch_distributed` on the pool's workers: rank 0's return value."""
         return self.launch(fn, args, kwargs).value
+
+    def predict(self, model: Any, data: Any, **arguments: Any) -> Predictions | PredictCall:
+        """:func:`flair_nbddp.predict` on the pool's workers, with the same arguments. A model passed as a ref of
+        this pool (``pool.put(model)``) is loaded once per worker, on its device, and kept for the next calls.
+
+        Example::
+
+            ref = pool.put(tagger)
+            first = pool.predict(ref, "week-1.txt", output="week-1.jsonl")
+            second = pool.predict(ref, "week-2.txt", output="week-2.jsonl")   # the workers have the model already
+        """
+        return predict(model, data, pool=self, **arguments)
 
     @documented(*_EXEC_DECIDES)
     def exec(

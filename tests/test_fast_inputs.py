@@ -345,7 +345,7 @@ def test_the_input_thread_spends_nothing_on_sentences_it_saw_kept(models, fast, 
 
 
 def test_a_reader_ends_its_thread_when_the_trainer_leaves_an_epoch_early_and_raises_what_reading_raised():
-    reader = input_thread._Reader(iter([[1], [2], [3], [4]]))
+    reader = input_thread.Ahead(iter([[1], [2], [3], [4]]))
     assert next(reader) == [1]
     reader.close()  # as a stop leaves flair's batch loop
     assert not reader._thread.is_alive()
@@ -354,7 +354,10 @@ def test_a_reader_ends_its_thread_when_the_trainer_leaves_an_epoch_early_and_rai
         yield [1]
         raise ValueError("a sentence could not be built")
 
-    reader = input_thread._Reader(broken())
+    reader = input_thread.Ahead(broken())
     assert next(reader) == [1]
     with pytest.raises(ValueError, match="could not be built"):
         next(reader)
+    prepared = []
+    assert list(input_thread.Ahead(iter([(0, "a"), (1, "b")]), prepare=prepared.append)) == [(0, "a"), (1, "b")]
+    assert prepared == [(0, "a"), (1, "b")]  # each item prepared in the thread before the caller got it

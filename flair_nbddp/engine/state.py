@@ -28,6 +28,7 @@ from ..wire.events import (
     Metric,
     CheckpointSaved,
     ModelsSaved,
+    Predicted,
     Progress,
     ResultReady,
     Started,
@@ -218,6 +219,7 @@ class RunState:
         self._rank_logs = [deque(maxlen=self.rank_tail_lines) for _ in range(self.world_size)]
         self._log_total = 0  # lines ever added: a reader's cursor stays valid when old lines are dropped
         self._finished_ranks: set[int] = set()
+        self._predicted: deque[Predicted] = deque()  # a predict call's chunks, until its collector takes them
         self.version = 0  # bumped on every change, so a UI can skip redraws when nothing happened
 
     def apply(self, event: Event) -> None:
@@ -267,6 +269,15 @@ class RunState:
                 self.models = tuple(dict.fromkeys([*self.models, *event.paths]))
             elif isinstance(event, Finished):
                 self._finished_ranks.add(event.rank)
+            elif isinstance(event, Predicted):
+                self._predicted.append(event)
+
+    def take_predicted(self) -> list[Predicted]:
+        """The chunks the ranks of a :func:`flair_nbddp.predict` call sent since the last call, in arrival order."""
+        with self._lock:
+            taken = list(self._predicted)
+            self._predicted.clear()
+            return taken
 
     def add_rank_lines(self, rank: int, lines: list[str]) -> None:
         """Append lines of ``rank``'s own output to its tail (the last ``rank_tail_lines``; its file keeps all)."""

@@ -159,6 +159,15 @@ class ResultReady(Event):
 
 
 @dataclass(frozen=True)
+class Predicted(Event):
+    """A rank predicted one chunk of a :func:`flair_nbddp.predict` call: the chunk's number and, for each of its inputs
+    in the chunk's order, the labels as a compact record (:mod:`flair_nbddp.wire.label_records`)."""
+
+    chunk: int
+    records: tuple
+
+
+@dataclass(frozen=True)
 class Failed(Event):
     """A rank raised: the exception's type, message and formatted traceback; for an out-of-memory error,
     ``memory`` says what the rank was doing and what it held (:func:`flair_nbddp.worker.main.memory_report`)."""

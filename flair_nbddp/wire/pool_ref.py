@@ -38,6 +38,7 @@ from . import payload
 from .payload import length, sizes
 
 _WORKER_COPIES: dict[str, bytes] = {}  # in a worker: the bytes of each ref it has read, by ref id
+_WORKER_KEPT: dict[str, Any] = {}  # in a worker: the one decoded object of each ref passed as kept(ref), by ref id
 HOST_DIR: str | None = None  # in a worker on a cluster: where its host keeps the refs' files (named by id)
 
 
@@ -119,6 +120,10 @@ class PoolRef:
             for (held, length), (now, length_now) in zip(self._shape, shape)
         )
 
+    def held(self) -> Any:
+        """The object put, while the notebook still holds it; None once it is gone (or if it cannot be held weakly)."""
+        return None if self._shape is None else self._shape[0][0]()
+
     def release(self) -> None:
         """Drop the object: the workers let their copies go before their next job, and its file goes once the
         job started before is over. Idempotent."""
@@ -174,8 +179,34 @@ def _worker_copy(ref_id: str, path: str, digest: str) -> Any:
     return payload.loads(data)
 
 
+class Kept:
+    """A ref that reaches a job as the worker's one decoded object, kept for its next jobs (:func:`kept`)."""
+
+    def __init__(self, ref: PoolRef) -> None:
+        self.ref = ref
+
+    def __reduce__(self) -> tuple[Callable, tuple]:
+        _, args = self.ref.__reduce__()  # a released ref is refused here, as anywhere
+        return _worker_kept, args
+
+
+def kept(ref: PoolRef) -> Kept:
+    """``ref`` decoded once per worker and the same object handed to each job that gets it, instead of a fresh copy
+    per job: for what a job only reads, such as the model of :func:`flair_nbddp.predict`, loaded on the worker's
+    device once. Released with the ref."""
+    return Kept(ref)
+
+
+def _worker_kept(ref_id: str, path: str, digest: str) -> Any:
+    if ref_id not in _WORKER_KEPT:
+        _WORKER_KEPT[ref_id] = _worker_copy(ref_id, path, digest)
+    return _WORKER_KEPT[ref_id]
+
+
 def keep_only(ref_ids: Iterable[str]) -> None:
-    """In a worker, before a job: drop the bytes of every ref not in ``ref_ids`` (released since)."""
+    """In a worker, before a job: drop the bytes and kept objects of every ref not in ``ref_ids`` (released since)."""
     keep = set(ref_ids)
     for ref_id in [ref_id for ref_id in _WORKER_COPIES if ref_id not in keep]:
         del _WORKER_COPIES[ref_id]
+    for ref_id in [ref_id for ref_id in _WORKER_KEPT if ref_id not in keep]:
+        del _WORKER_KEPT[ref_id]

@@ -97,6 +97,20 @@ def start_job(enabled: bool, ahead: bool = False) -> None:
     input_thread.start_job(ahead=enabled and ahead)
 
 
+def look_ahead_for(model: Any) -> None:
+    """A :func:`flair_nbddp.predict` call's rank: let :func:`.input_thread.tokenize_ahead` tokenize the next chunk's
+    sentences for every transformer embedding of ``model`` that embeds a sentence's own tokens (no context) and whose
+    inputs the kept encodings serve; a job that does not read ahead (on CPU) leaves them to flair's call."""
+    from flair.embeddings.transformer import TransformerBaseEmbeddings
+
+    if not _JOB.enabled:
+        return
+    for module in model.modules():
+        if isinstance(module, TransformerBaseEmbeddings) and not module.context_length and not unservable(module):
+            settings = _settings(module)
+            input_thread.watch(module, store_for(module.tokenizer, settings), settings)
+
+
 def enabled() -> bool:
     """Whether this job keeps encodings (``fast_inputs``)."""
     return _JOB.enabled

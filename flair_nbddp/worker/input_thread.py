@@ -29,7 +29,7 @@ from .kept_inputs import sentence_key
 
 _USELESS_AFTER = 3  # batches tokenized ahead for an embedding of which flair used nothing: the thread stops
 _KEPT = "_flair_nbddp_kept"  # on a sentence the thread saw kept: the serials of the stores that hold it
-_END = object()
+END = object()  # what an Ahead gives after its last item
 
 
 class _Watch:
@@ -110,34 +110,42 @@ def tokenize_ahead(batch: list) -> None:
         watch_.batches += 1
 
 
-class _Reader:
-    """Reads ``batches`` in a thread, one batch ahead of the caller, each tokenized before the caller gets it."""
+class Ahead:
+    """Reads ``items`` in a thread, one ahead of the caller, each passed to ``prepare`` before the caller gets it
+    (training batches tokenized; a predict call's chunks, :mod:`.predict_rank`). Iterating it, or ``next`` until
+    :data:`END`, gives the items; an error of the thread is raised on the caller's."""
 
-    def __init__(self, batches: Iterator) -> None:
-        self._batches = batches
+    def __init__(self, items: Iterator, prepare: Any = tokenize_ahead) -> None:
+        self._items, self._prepare = items, prepare
         self._ready: queue.Queue = queue.Queue(maxsize=1)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._read, name="flair_nbddp-inputs", daemon=True)
         self._thread.start()
 
     def __next__(self) -> Any:
-        batch, error = self._ready.get()
+        item, error = self._ready.get()
         if error is not None:
             raise error
-        return batch
+        return item
+
+    def __iter__(self) -> Iterator:
+        item = next(self)
+        while item is not END:
+            yield item
+            item = next(self)
 
     def close(self) -> None:
-        """Stop reading (the trainer left the epoch early); the thread ends within a tenth of a second."""
+        """Stop reading (the caller left early); the thread ends within a tenth of a second."""
         self._closed.set()
         self._thread.join()
 
     def _read(self) -> None:
         try:
-            for batch in self._batches:
-                tokenize_ahead(batch)
-                if not self._put((batch, None)):
+            for item in self._items:
+                self._prepare(item)
+                if not self._put((item, None)):
                     return
-            self._put((_END, None))
+            self._put((END, None))
         except BaseException as error:  # noqa: BLE001 - raised on the trainer's thread, where it belongs
             self._put((None, error))
 
@@ -174,15 +182,13 @@ def _look_ahead_type(loader: type) -> type:
             if not _AHEAD or not _samples_without_drawing(self):
                 yield from batches
                 return
-            first = next(batches, _END)  # here: a random sampler draws its order as the first batch is read
-            if first is _END:
+            first = next(batches, END)  # here: a random sampler draws its order as the first batch is read
+            if first is END:
                 return
-            reader = _Reader(batches)
+            reader = Ahead(batches)
             try:
-                batch = first
-                while batch is not _END:
-                    yield batch
-                    batch = next(reader)
+                yield first
+                yield from reader
             finally:
                 reader.close()
 

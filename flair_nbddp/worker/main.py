@@ -65,6 +65,7 @@ from . import (
     no_waits,
     one_rank,
     precision,
+    predict_rank,
     process_name,
     rank_zero_loggers,
 )
@@ -399,6 +400,7 @@ def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) ->
         sender.send(Started(rank, os.getpid(), str(vitals.device), socket.gethostname()))
         _seed_everything(job.seed)
         ddp_exec.begin_job(rank, spec.world_size, vitals.device, vitals.store, job.key)
+        predict_rank.start_job(sender, rank, vitals.store, job.key, vitals.counters)
         distributed_eval.start_job(f"flair_nbddp/{job.key}", job.distributed_eval)
         fast_inputs.start_job(job.fast_inputs, ahead=vitals.device.type != "cpu")
         precision.start_job(job.precision)

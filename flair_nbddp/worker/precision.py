@@ -7,6 +7,8 @@
   without a gradient scaler (bfloat16 has float32's range). The weights and the optimizer stay float32.
 
 A job's precision applies to every ``train``/``fine_tune`` it makes; a call's own ``use_amp=True`` asks for fp16.
+:func:`inference` gives a :func:`flair_nbddp.predict` call's ranks the same choice: bf16 and fp16 predict under
+autocast (fp16 is bfloat16 on CPU, as torch's CPU autocast has it), fp32 as flair does.
 """
 
 from __future__ import annotations
@@ -49,6 +51,22 @@ def install() -> None:
     for cls in model_subclasses():
         if "evaluate" in cls.__dict__:
             cls.evaluate = _evaluated_in_bf16(cls.__dict__["evaluate"])
+
+
+@contextlib.contextmanager
+def inference() -> Iterator[None]:
+    """Predictions in the job's precision: under autocast for bf16 and fp16, untouched for fp32."""
+    precision = _JOB["precision"]
+    if precision == "fp32":
+        yield
+        return
+    import flair
+    import torch
+
+    device = flair.device.type
+    dtype = torch.float16 if precision == "fp16" and device == "cuda" else torch.bfloat16
+    with torch.autocast(device_type=device, dtype=dtype):
+        yield
 
 
 def _evaluated_in_bf16(evaluate: Callable) -> Callable:
