@@ -115,6 +115,17 @@ def test_with_no_gpu_free_the_run_is_refused_with_every_holder_and_the_ways_out(
     assert "wait_for_devices=SECONDS" in message and "share_gpus=True" in message
 
 
+def test_a_gpu_two_runs_share_is_refused_naming_both(own_claims, four_gpus):
+    for gpu in "0123":
+        someone_else(own_claims, gpus=[gpu], user=f"user{gpu}")
+    someone_else(own_claims, gpus=["0"], user="sharer", shared=True)
+    source = new_workers(None, None, None)
+    with pytest.raises(RunActiveError) as refused:
+        Holdings().take("mine", "run 'train'", source.claim, fit=source.fit)
+    first_gpu = str(refused.value).split("; ")[0]
+    assert "of user0 (pid" in first_gpu and " and held by run #7 'tagger' (started 09:00:00) of sharer" in first_gpu
+
+
 def test_a_default_cpu_run_takes_the_free_slots_and_a_counted_one_is_refused(own_claims):
     someone_else(own_claims, cpu=1, capacity=2)
     source = new_workers(None, "cpu", None)  # the tests' FLAIR_NBDDP_PROCESSES=2 gives a count

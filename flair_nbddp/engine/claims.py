@@ -330,14 +330,17 @@ class Holdings:
         return others
 
     def _free(self, others: list[tuple[str, Claim]], capacity: int, machine: list[GpuUse] | None) -> Free:
-        holders = {gpu: name for name, held in others for gpu in held.gpus}
+        holders: dict[str, list[str]] = {}  # a GPU shared on purpose has several
+        for name, held in others:
+            for gpu in held.gpus:
+                holders.setdefault(gpu, []).append(name)
         free, left_out = [], []
         for number in range(devices.visible_gpu_count()):
             gpu = gpu_id(cuda_visible_entry(number), machine)
             if gpu in holders:
                 label = gpu_label(gpu, machine)
                 named = f"GPU {number}" + (f" (the machine's GPU {label})" if label != str(number) else "")
-                left_out.append(f"{named} is {_held_by(holders[gpu])}")
+                left_out.append(f"{named} is {' and '.join(map(_held_by, holders[gpu]))}")
             else:
                 free.append(number)
         users = [(name, held.cpu) for name, held in others if held.cpu]
