@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from .engine.claims import HOLDINGS, Claim
 from .engine.devices import DevicePlan
-from .errors import ConfigurationError, DeviceError, PoolClosedError, RunActiveError
+from .errors import ConfigurationError, DeviceError, PoolClosedError, RunActiveError, UnknownOptionError
 from .engine.local_ranks import WorkerGroup
 from .ledger.provenance import Provenance
 from .options import RunOptions, documented
@@ -310,6 +310,8 @@ class WorkerPool:
             first = pool.predict(ref, "week-1.txt", output="week-1.jsonl")
             second = pool.predict(ref, "week-2.txt", output="week-2.jsonl")   # the workers have the model already
         """
+        if "pool" in arguments:
+            raise UnknownOptionError("WorkerPool.predict(): pool= is not taken here: it runs on this pool")
         return predict(model, data, pool=self, **arguments)
 
     @documented(*_EXEC_DECIDES)

@@ -151,11 +151,11 @@ def test_two_kernels_share_the_cpu_slots_take_the_free_ones_refuse_or_queue_and_
         assert f"(pid {pid}, first.ipynb, since" in refused.error["evalue"]
         listed = second.execute("print(flair_nbddp.devices_in_use())").stdout
         assert listed.count("first.ipynb") == 2 and "hold_until" in listed
-        # or it waits, and starts when the first kernel's runs end
-        waiting = second.submit("result = flair_nbddp.launch(started_at, dashboard=False, wait_for_devices=120)\n"
-                                "print('started', result.world_size, result.value)")
-        second.printed(waiting, "waiting for devices (1st in the machine's queue, up to 120 s): every CPU process "
-                                "slot is held", timeout=60)  # fmt: skip
+        # or it waits, and starts when the first kernel's runs end (a run of 2 processes: a default one would start
+        # on the first slot freed, as the two runs of the first kernel do not end in the same instant)
+        waiting = second.submit("result = flair_nbddp.launch(started_at, dashboard=False, processes=2, "
+                                "wait_for_devices=120)\nprint('started', result.world_size, result.value)")
+        second.printed(waiting, "waiting for devices (1st in the machine's queue, up to 120 s): ", timeout=60)
         ended = time.time()
         flag.write_text("")
         done = second.collect(waiting, timeout=120)

@@ -70,7 +70,12 @@ def test_strings_and_data_points_are_read_as_such():
 @pytest.mark.parametrize("data, says", [
     ([], "no inputs"),
     ("just one text", "one string"),
+    ("rated 5/10 overall", "one string"),
+    ("x" * 5000, "one string"),
     ("/no/such/file.txt", "does not exist"),
+    ("~/no-such-file.txt", "does not exist"),
+    ({"a": 1}, "cannot read inputs from dict"),
+    ({"a"}, "cannot read inputs from set"),
     (["a", 3], "a list of strings with a int"),
     ([1, 2], "cannot predict on int items"),
     (42, "cannot read inputs from int"),
@@ -78,6 +83,13 @@ def test_strings_and_data_points_are_read_as_such():
 def test_bad_inputs_are_refused_naming_the_cause(data, says):
     with pytest.raises(ConfigurationError, match=says):
         read_inputs(data)
+
+
+def test_a_file_that_is_not_utf8_is_refused_naming_the_line(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("fine\ncafé au lait\n".encode("latin-1"))
+    with pytest.raises(ConfigurationError, match=r"line 2, is not UTF-8 .*iconv"):
+        read_inputs(path)
 
 
 def test_a_folder_or_an_empty_file_is_refused(tmp_path):
@@ -170,21 +182,49 @@ def test_an_output_in_a_missing_folder_options_predict_decides_and_a_bad_batch_a
         flair_nbddp.predict(classifier, ["a"], output=tmp_path / "missing" / "out.jsonl")
     with pytest.raises(ConfigurationError, match="is a folder"):
         flair_nbddp.predict(classifier, ["a"], output=tmp_path)
+    with pytest.raises(ConfigurationError, match="takes the path of a JSON Lines file"):
+        flair_nbddp.predict(classifier, ["a"], output=True)
+    source = tmp_path / "texts.txt"
+    source.write_text("a text\n")
+    with pytest.raises(ConfigurationError, match="is the input file itself"):
+        flair_nbddp.predict(classifier, source, output=source)
+    assert source.read_text() == "a text\n"  # nothing of the user's is lost
     with pytest.raises(UnknownOptionError, match="max_restarts= is not taken here"):
         flair_nbddp.predict(classifier, ["a"], max_restarts=2)
-    with pytest.raises(ConfigurationError, match="mini_batch_size must be a positive"):
-        flair_nbddp.predict(classifier, ["a"], mini_batch_size=0)
+    with pytest.raises(UnknownOptionError, match="compile_model= is not taken here"):
+        flair_nbddp.predict(classifier, ["a"], options=flair_nbddp.RunOptions(compile_model=True))
+    for bad in (0, True, 2.5):
+        with pytest.raises(ConfigurationError, match="mini_batch_size must be a positive"):
+            flair_nbddp.predict(classifier, ["a"], mini_batch_size=bad)
+    with pytest.raises(ConfigurationError, match="label_name must be a label type"):
+        flair_nbddp.predict(classifier, ["a"], label_name=3)
     with pytest.raises(DashboardUnavailableError, match="needs a Jupyter kernel"):
         flair_nbddp.predict(classifier, ["a"], dashboard=True)
     assert not (tmp_path / "missing").exists()
 
 
-def test_a_pool_ref_needs_its_pool():
+def test_a_pool_ref_needs_its_own_pool_and_a_released_one_is_refused(classifier, tmp_path):
+    import weakref
+
+    from flair_nbddp import PoolRefError
     from flair_nbddp.wire.pool_ref import PoolRef
 
-    ref = PoolRef.__new__(PoolRef)
-    with pytest.raises(ConfigurationError, match="pass its pool too"):
-        flair_nbddp.predict(ref, ["a"])
+    class Pool:  # a pool's part in a ref: where the object's file goes
+        def drop(self, ref):
+            ref.released = True
+
+    pool, other = Pool(), Pool()
+    ref = PoolRef.put(pool, tmp_path, classifier)
+    for wrong in (None, other):
+        with pytest.raises(ConfigurationError, match="pass the pool it was put on too"):
+            flair_nbddp.predict(ref, ["a"], pool=wrong)
+    ref.release()
+    with pytest.raises(PoolRefError, match="was released"):
+        flair_nbddp.predict(ref, ["a"], pool=pool)
+    texts = PoolRef.put(pool, tmp_path, ["not", "a", "model"])
+    with pytest.raises(ConfigurationError, match="holds a list, not a flair model"):
+        flair_nbddp.predict(texts, ["a"], pool=pool)
+    assert weakref.ref(ref)  # the ref itself is untouched by the refusals
 
 
 # -- the views -----------------------------------------------------------------------------------------------------

@@ -162,12 +162,14 @@ def test_an_interrupt_returns_the_finished_prefix(warm_pool, models, tmp_path):
         _thread.interrupt_main()
 
     threading.Thread(target=interrupt_once_some_are_written, daemon=True).start()
+    workers = warm_pool.pids
     predictions = warm_pool.predict(built["classifier"], texts, output=out, mini_batch_size=1)
     rows = out.read_text(encoding="utf-8").splitlines()
     assert predictions.status == "stopped" and 0 < predictions.done < len(texts)
     assert len(rows) == predictions.done
     assert [json.loads(row)["text"] for row in rows] == texts[: predictions.done]
     assert predictions.run.status == "stopped"
+    assert warm_pool.pids == workers  # a stopped share returned cleanly: the pool keeps its workers (and their model)
 
 
 def test_a_failing_rank_fails_the_call_with_its_traceback(warm_pool, models):

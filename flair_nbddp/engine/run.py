@@ -47,7 +47,7 @@ from .state import RunState
 from .supervisor import Limits, Supervisor
 from ..wire import payload
 from ..wire.events import Job
-from ..wire.pool_ref import PoolRef
+from ..wire.pool_ref import Kept, PoolRef
 from .worker_source import RankGroup, WorkerSource
 
 SEED_ENV = "FLAIR_NBDDP_SEED"
@@ -87,7 +87,7 @@ def preload_for(args: tuple, kwargs: dict) -> tuple[str, ...]:
     values = [*args, *kwargs.values()]
     values += [inner for value in values if isinstance(value, dict) for inner in value.values()]
     ships_flair = any(
-        payload.is_flair_object(value) or (isinstance(value, PoolRef) and value.of_flair)
+        payload.is_flair_object(value) or (isinstance(value, (PoolRef, Kept)) and value.of_flair)
         for value in values
     )
     return ("torch", "flair") if ships_flair else ()

@@ -12,6 +12,7 @@ texts per second, the time left and Stop. The view is chosen by the notebook pac
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 import warnings
@@ -20,7 +21,7 @@ from typing import Any, Callable
 
 from ..engine.run import Run
 from ..engine.worker_source import WorkerSource, source_for
-from ..errors import ConfigurationError, LedgerWarning, RunStateError
+from ..errors import ConfigurationError, LedgerWarning, PoolRefError, RunStateError, UnknownOptionError
 from ..ledger.provenance import Provenance
 from ..ledger.store import Ledger
 from ..options import RunOptions, documented
@@ -31,15 +32,19 @@ from .collector import Collector, open_output
 from .dealing import chunk_size, deal, window_size
 from .result import Predictions
 
+TAKE_SECONDS = 0.05  # how often the chunks the ranks sent are put in place
+
 _PREDICT_DECIDES = {  # run options predict() takes none of, and why
     "output": "predict()'s output= is the JSON Lines file its predictions go to",
-    "max_restarts": "predict() does not restart; a call that ends early says how far it got (predictions.done): "
+    "max_restarts": "predict() does not restart; a stopped call says how far it got (predictions.done): "
     "predict the rest with data[predictions.done:]",
     "restart_timeout": "predict() does not restart",
     "on_oom": "predict() does not restart: pass a smaller mini_batch_size",
     "resume": "predict() has no checkpoints: predict the rest with data[predictions.done:]",
     "resume_force": "predict() has no checkpoints",
     "checkpoint_every": "predict() has no checkpoints",
+    "compile_model": "it compiles a training's transformers; predict() runs flair's own predict",
+    "distributed_eval": "it shares out a training's evaluations; predict() shares out everything already",
 }
 
 
@@ -67,9 +72,11 @@ class PredictCall:
         self.status = "starting"
         self.background = False
         self._collector: Collector | None = None
+        self._taker: threading.Thread | None = None  # puts the chunks in place as they come
+        self._take_error: BaseException | None = None
         self._outcome: Predictions | None = None
         self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None  # waits for the run, with wait=False
 
     @property
     def texts_per_second(self) -> float:
@@ -103,19 +110,22 @@ class PredictCall:
         return self._outcome
 
     def _start(self, background: bool) -> None:
-        """Start the run (before the view shows it) and, in the background, watch it in a thread."""
-        handle = open_output(self.path) if self.path is not None else None
-        self._collector = Collector(self.inputs, self.chunks, self.label_name,
-                                    keep=not self.inputs.in_place and handle is None, output=handle)  # fmt: skip
+        """Start the run, then take its chunks on a thread of their own; the view shows it; in the background, a
+        thread waits for it too."""
         try:
             self.run.start()
         except BaseException:
-            self._close()
+            self._close_inputs()
             raise
-        self.background = background
         try:
+            handle = open_output(self.path) if self.path is not None else None  # after the start: a refusal empties no file
+            self._collector = Collector(self.inputs, self.chunks, self.label_name,
+                                        keep=not self.inputs.in_place and handle is None, output=handle)  # fmt: skip
+            self._taker = threading.Thread(target=self._take, name="flair_nbddp-predictions", daemon=True)
+            self._taker.start()
+            self.background = background
             self.view.start(self)
-        except BaseException:  # an interrupt, or a view that cannot show: the run must not go on unwatched
+        except BaseException:  # an interrupt, a file that cannot be written, a view that cannot show
             self.run.kill()
             self._close()
             raise
@@ -131,20 +141,33 @@ class PredictCall:
         except BaseException as error:  # noqa: BLE001 - raised by wait(), on the thread that asks
             self._error = error
 
+    def _take(self) -> None:
+        """The chunks put in place as they come, until the run has ended and every chunk is taken. On a thread of its
+        own, which an interrupt never reaches: a row is written and counted in ``done`` together, or not at all."""
+        try:
+            while True:
+                ended = self.run.ended
+                for event in self.run.state.take_predicted():
+                    self._collector.take(event.chunk, event.records)  # type: ignore[union-attr]
+                    if self.first_at is None:
+                        self.first_at, self.first_count = time.time(), len(event.records)
+                    self.received += len(event.records)
+                if ended:
+                    return
+                time.sleep(TAKE_SECONDS)
+        except BaseException as error:  # noqa: BLE001 - a file that cannot be written: the run ends, the call raises it
+            self._take_error = error
+            self.run.kill()
+
     def _tick(self) -> None:
-        for event in self.run.state.take_predicted():
-            self._collector.take(event.chunk, event.records)  # type: ignore[union-attr]
-            if self.first_at is None:
-                self.first_at, self.first_count = time.time(), len(event.records)
-            self.received += len(event.records)
         self.status = self.run.state.status
         self.view.poll(self)
 
     def _watch(self) -> Predictions:
-        """Take the chunks as they come until the run ends; the outcome, shown in the view."""
+        """Wait for the run while the view shows it; the outcome, shown in the view."""
         try:
             result = self.run.wait(on_tick=self._tick)
-            self._tick()
+            self._taker.join()
         except BaseException as error:
             if self.run.active:  # the view failed, or an interrupt came before the run was watched: end it here
                 self.run.kill()
@@ -153,9 +176,10 @@ class PredictCall:
         finally:
             self._close()
         self.status = result.status
-        if result.error is not None:
-            self.view.finish(self, None, result.error)
-            raise result.error
+        error = self._take_error or result.error
+        if error is not None:
+            self.view.finish(self, None, error)
+            raise error
         done = self._collector.done  # type: ignore[union-attr]
         sentences = (
             [self.inputs[index] for index in range(done)] if self.inputs.in_place  # type: ignore[index]
@@ -170,8 +194,14 @@ class PredictCall:
         return predictions
 
     def _close(self) -> None:
+        """Once the chunks are all taken (the run has ended): the output file closed, the input file let go."""
+        if self._taker is not None:
+            self._taker.join()
         if self._collector is not None and self._collector.output is not None:
             self._collector.output.close()
+        self._close_inputs()
+
+    def _close_inputs(self) -> None:
         if isinstance(self.inputs, TextFile):
             self.inputs.close()
 
@@ -209,15 +239,20 @@ class _Model:
 
 
 def _model(model: Any, pool: WorkerSource | None) -> _Model:
-    if isinstance(model, PoolRef):
-        if pool is None:
-            raise ConfigurationError(
-                "predict() was given a PoolRef as the model: pass its pool too (pool.predict(ref, data), or "
-                "predict(ref, data, pool=pool)), or pass the model itself"
-            )
-        return _Model(kept(model), model.held())
     import flair.nn
 
+    if isinstance(model, PoolRef):
+        if pool is None or model.pool is not getattr(pool, "pool", pool):
+            raise ConfigurationError(
+                "predict() was given a PoolRef as the model: pass the pool it was put on too (pool.predict(ref, "
+                "data), or predict(ref, data, pool=pool)), or pass the model itself"
+            )
+        if model.released:
+            raise PoolRefError(f"{model.describe()} was released: put the model on the pool again (ref = pool.put(model))")
+        held = model.held()
+        if not model.of_flair or held is not None and not isinstance(held, flair.nn.Model):
+            raise ConfigurationError(f"the PoolRef holds a {model.type_name}, not a flair model that predicts")
+        return _Model(kept(model), held)
     if not isinstance(model, flair.nn.Model) or not callable(getattr(model, "predict", None)):
         raise ConfigurationError(
             f"predict() needs a flair model that predicts (a TextClassifier, SequenceTagger, TextPairClassifier...), "
@@ -250,9 +285,12 @@ def _check_model(held: Any, inputs: Inputs, label_name: str | None) -> str:
     return label_name or known or "label"
 
 
-def _output_path(output: str | Path | None) -> Path | None:
+def _output_path(output: str | Path | None, inputs: Inputs) -> Path | None:
+    """The JSON Lines file to write, checked: a new or writable file in an existing folder, not the input file."""
     if output is None:
         return None
+    if not isinstance(output, (str, os.PathLike)):
+        raise ConfigurationError(f"output= takes the path of a JSON Lines file to write, not {type(output).__name__}")
     path = Path(output).expanduser()
     if path.is_dir():
         raise ConfigurationError(f"output={str(output)!r} is a folder: give the path of the JSON Lines file to write")
@@ -261,7 +299,19 @@ def _output_path(output: str | Path | None) -> Path | None:
             f"output={str(output)!r}: its folder {path.parent} does not exist. Create it first "
             f"(Path({str(path.parent)!r}).mkdir(parents=True)), or write elsewhere"
         )
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise ConfigurationError(f"output={str(output)!r} cannot be written here (permissions): write elsewhere")
+    if isinstance(inputs, TextFile) and path.exists() and path.samefile(inputs.path):
+        raise ConfigurationError(f"output={str(output)!r} is the input file itself: write the predictions elsewhere")
     return path
+
+
+def _refused_in_options(options: RunOptions) -> None:
+    """A run option predict() decides, set in ``options=RunOptions(...)`` rather than as a keyword."""
+    default = RunOptions()
+    for name, reason in _PREDICT_DECIDES.items():
+        if getattr(options, name) != getattr(default, name):
+            raise UnknownOptionError(f"predict(): {name}= is not taken here: {reason}")
 
 
 def _ledger_scores(run: Run, predictions: Predictions) -> None:
@@ -320,7 +370,7 @@ def predict(
     Run options (keywords, or ``options=RunOptions(...)``; keywords win):
         {run_options}
 
-    The kernel's interrupt (or, with ``wait=False``, the view's Stop or ``call.stop()``) stops every rank after the
+    The kernel's interrupt (or, with ``wait=False``, the view's Stop button or ``call.stop()``) stops every rank after the
     chunk in hand and the call returns what is done: ``predictions.status == "stopped"``, and the first
     ``predictions.done`` inputs hold their predictions (with ``output``, the file holds exactly those rows). A second
     interrupt ends the workers at once.
@@ -340,12 +390,15 @@ def predict(
         predictions.done, predictions.texts_per_second
     """
     options = RunOptions.of(run_options, options, where="predict(): ", not_here=_PREDICT_DECIDES)
-    if not isinstance(mini_batch_size, int) or mini_batch_size < 1:
+    _refused_in_options(options)
+    if isinstance(mini_batch_size, bool) or not isinstance(mini_batch_size, int) or mini_batch_size < 1:
         raise ConfigurationError(f"mini_batch_size must be a positive whole number, not {mini_batch_size!r}")
+    if label_name is not None and not isinstance(label_name, str):
+        raise ConfigurationError(f"label_name must be a label type (a string), not {type(label_name).__name__}")
     chosen = _model(model, pool)
     inputs = read_inputs(data, use_tokenizer)
     label_name = _check_model(chosen.held, inputs, label_name)
-    path = _output_path(output)
+    path = _output_path(output, inputs)
     if options.lazy_corpus is None:  # each rank builds only the inputs of its own chunks
         options = dataclasses.replace(options, lazy_corpus=True)
     view = _chooser(options.dashboard)  # before any worker starts: an impossible view must not cost a start
@@ -362,7 +415,8 @@ def predict(
                 "output": None if path is None else str(path)},
     )  # fmt: skip
     run = Run(predict_share, (chosen.shipped, inputs, chunks, settings), {}, source_for(options, pool), options,
-              provenance=provenance, stop_notice="stopping every rank after the chunk in hand")  # fmt: skip
+              provenance=provenance, stop_notice="stopping every rank after the chunk in hand",
+              stop_recycles=False)  # fmt: skip  # a stopped share returns cleanly: a pool keeps its workers and model
     call = PredictCall(run, inputs, chunks, label_name, path, view)
     call._start(background=not wait)
     return call if not wait else call.wait()

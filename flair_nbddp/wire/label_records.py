@@ -59,6 +59,7 @@ def record_of(point: Any, label_name: str, distributions: bool = False) -> Recor
             tuple((label.value, float(label.score)) for label in token.tags_proba_dist.get(label_name, ()))
             for token in point.tokens
         )
+        dists = dists if any(dists) else None  # a classifier's every class is among its labels, not per token
     return labels, dists
 
 

@@ -120,6 +120,11 @@ class PoolRef:
             for (held, length), (now, length_now) in zip(self._shape, shape)
         )
 
+    @property
+    def pool(self) -> Any:
+        """The pool it was put on (None once that pool is gone)."""
+        return self._pool()
+
     def held(self) -> Any:
         """The object put, while the notebook still holds it; None once it is gone (or if it cannot be held weakly)."""
         return None if self._shape is None else self._shape[0][0]()
@@ -184,6 +189,7 @@ class Kept:
 
     def __init__(self, ref: PoolRef) -> None:
         self.ref = ref
+        self.of_flair = ref.of_flair
 
     def __reduce__(self) -> tuple[Callable, tuple]:
         _, args = self.ref.__reduce__()  # a released ref is refused here, as anywhere
@@ -200,6 +206,7 @@ def kept(ref: PoolRef) -> Kept:
 def _worker_kept(ref_id: str, path: str, digest: str) -> Any:
     if ref_id not in _WORKER_KEPT:
         _WORKER_KEPT[ref_id] = _worker_copy(ref_id, path, digest)
+        _WORKER_COPIES.pop(ref_id, None)  # decoded once for good: the bytes would only double its memory
     return _WORKER_KEPT[ref_id]
 
 

@@ -138,7 +138,14 @@ class TextFile(Inputs):
         self.path, self.use_tokenizer = path, use_tokenizer
         starts = [0]
         with open(path, "rb") as handle:
-            for line in handle:
+            for number, line in enumerate(handle, 1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise ConfigurationError(
+                        f"{path}, line {number:,}, is not UTF-8 ({error.reason} at byte {error.start}): predict() reads "
+                        "text files as UTF-8. Convert it first (iconv -f latin1 -t utf-8), or pass its lines as strings"
+                    ) from None
                 starts.append(starts[-1] + len(line))
         self.starts = np.asarray(starts, dtype=np.int64)  # one more than lines: where the next would begin
         self._handle: Any = None
@@ -186,25 +193,28 @@ def read_inputs(data: Any, use_tokenizer: Any = True) -> Inputs:
     Raises:
         ConfigurationError: no inputs, a path that is not a file, a list that mixes kinds, or something else.
     """
-    if isinstance(data, (str, os.PathLike)) and not isinstance(data, str) or isinstance(data, Path):
-        return _file(Path(data), use_tokenizer)
+    if isinstance(data, os.PathLike):
+        return _file(Path(data).expanduser(), use_tokenizer)
     if isinstance(data, str):
-        if "\n" not in data and (os.sep in data or data.endswith((".txt", ".tsv", ".csv")) or Path(data).exists()):
-            return _file(Path(data), use_tokenizer)
+        if _names_a_file(data):
+            return _file(Path(data).expanduser(), use_tokenizer)
         raise ConfigurationError(
-            "predict() was given one string. Pass a list of texts (['first text', 'second text']), or a path to a "
-            "text file with one text a line (a pathlib.Path, or a string naming an existing file)"
+            "predict() was given one string, which names no file here. Pass a list of texts (['first text', "
+            "'second text']), or the path of an existing text file with one text a line"
         )
+    cannot = ConfigurationError(
+        f"predict() cannot read inputs from {type(data).__name__}: give a list of Sentences (or other data points "
+        "the model takes), a flair dataset or corpus split, a list of strings, or a path to a text file"
+    )
+    if isinstance(data, (dict, set, frozenset)):
+        raise cannot
     try:
         count = len(data)
-    except TypeError:
-        raise ConfigurationError(
-            f"predict() cannot read inputs from {type(data).__name__}: give a list of Sentences (or other data points "
-            "the model takes), a flair dataset or corpus split, a list of strings, or a path to a text file"
-        ) from None
+        first = data[0] if count else None
+    except (TypeError, KeyError, IndexError):
+        raise cannot from None
     if count == 0:
         raise ConfigurationError("predict() was given no inputs (an empty list or dataset): there is nothing to predict")
-    first = data[0]
     if isinstance(first, str):
         strange = next((item for item in data if not isinstance(item, str)), None)
         if strange is not None:
@@ -228,6 +238,19 @@ def read_inputs(data: Any, use_tokenizer: Any = True) -> Inputs:
             )
         return DataPoints(list(data))
     return DataPoints(data)
+
+
+def _names_a_file(text: str) -> bool:
+    """Whether a string given as the inputs is a path: one that exists, or one that looks like a path (no spaces, a
+    folder or a text file's suffix), so that a missing file gets its own message."""
+    if "\n" in text or len(text) > 4096:
+        return False
+    try:
+        if Path(text).expanduser().exists():
+            return True
+    except OSError:  # a name too long for the file system: a text
+        return False
+    return not any(space in text for space in " \t") and (os.sep in text or text.endswith((".txt", ".tsv", ".csv")))
 
 
 def _file(path: Path, use_tokenizer: Any) -> TextFile:

@@ -6,11 +6,12 @@ waits for another. A thread takes and builds the next chunk (its sentences made 
 for the model's transformers, :func:`.fast_inputs.look_ahead_for`) while flair's ``predict`` runs the current one
 in the job's precision (:func:`.precision.inference`). Each finished chunk goes up the event channel as compact
 records (:class:`~flair_nbddp.wire.events.Predicted`), never as pickled sentences. A stop ends the share after the
-chunk in hand.
+chunk in hand. Rank 0 returns last: its process serves the store the others take chunks from.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -73,4 +74,17 @@ def predict_share(model: Any, inputs: Inputs, chunks: list, settings: Settings) 
                 break
     finally:
         reader.close()
+    _all_done(f"flair_nbddp/{_JOB['key']}/predict-done")
     return predicted
+
+
+def _all_done(key: str) -> None:
+    """Say this rank is done, and on rank 0 (whose process serves the shared store) wait until every rank is: a rank
+    that finished first must not take the store away while another still asks it for a chunk."""
+    import torch.distributed as dist
+
+    store = _JOB["store"]
+    store.add(key, 1)
+    if _JOB["rank"] == 0:
+        while store.add(key, 0) < dist.get_world_size():
+            time.sleep(0.01)
