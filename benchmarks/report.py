@@ -621,32 +621,45 @@ def predict_section(r: Results) -> str:
     for name in speeds:
         data = r(name)
         for mode, figures in data["modes"].items():
+            rounds = figures["rounds"]
             same = figures.get("same_labels_as_flair")
+            busy = [round_["gpu_busy_percent"] for round_ in rounds]
             rows.append([
                 r.short(name), mode, "1" if mode.startswith("flair") else str(data["processes"]),
-                number(figures["texts_per_second"]), f"**{ratio(figures['vs_flair'])}**" if "vs_flair" in figures else "—",
-                "—" if figures.get("gpu_busy_percent") is None else percent(figures["gpu_busy_percent"]),
-                "—" if same is None else "yes" if same else f"no (largest score difference {figures['largest_score_difference']:.1e})",
+                " · ".join(number(round_["texts_per_second"], 0) for round_ in rounds),
+                " · ".join(f"**{ratio(round_['vs_flair'])}**" if i == 0 else ratio(round_["vs_flair"])
+                           for i, round_ in enumerate(rounds)) if "vs_flair" in rounds[0] else "—",
+                "—" if all(value is None for value in busy) else " · ".join(
+                    "?" if value is None else percent(value) for value in busy),
+                "—" if same is None else "yes" if same else f"no (largest score difference "
+                f"{figures['largest_score_difference']:.1e})",
             ])  # fmt: skip
-            if data["machine"].get("gpu") and mode.startswith("kit"):
-                ceiling = 1e6 / figures["notebook_cpu_ms_per_1000_texts"]
-                gpu_rows.append([r.short(name), mode] + [number(min(n * figures["texts_per_second"], ceiling), 0)
-                                                          for n in (1, 2, 4, 8)] + [number(ceiling, 0)])
+            costs = [round_.get("notebook_cpu_ms_per_1000_texts") for round_ in rounds]
+            costs = [cost for cost in costs if cost]
+            if data["machine"].get("gpu") and mode.startswith("kit") and costs:
+                ceiling = 1e6 / statistics.mean(costs)
+                rate = rounds[0]["texts_per_second"]
+                gpu_rows.append([r.short(name), mode, *(number(min(n * rate, ceiling), 0) for n in (1, 2, 4, 8)),
+                                 number(ceiling, 0)])  # fmt: skip
     memory = r("predict-memory-cpu.json")
     parts = [
         "## Predicting on every device",
         "`predict` against flair's own `model.predict` in one process, on the same generated reviews as `Sentence` "
         "objects, with a `TextClassifier` on a transformer built from a config ([predicting](guide/predicting.md)). "
-        "The kit runs on a warm pool that holds the model already; every figure is the best of its rounds. "
-        "*same labels* compares every label with flair's.",
-        table(["machine", "mode", "ranks", "texts/s", "against flair", "GPU busy", "same labels"], rows),
+        "The kit runs on a warm pool that holds the model already. Each figure is given by round, and the ratio "
+        "compares the same round of each: the first round (in bold) is the fair one, since from the second on the "
+        "pool's workers find the reviews' encodings kept from the first. *same labels* compares every label with "
+        "flair's.",
+        table(["machine", "mode", "ranks", "texts/s by round", "against flair", "GPU busy", "same labels"], rows),
         r.caption(*speeds),
+        *filter(None, (r.notes(name) for name in speeds)),
     ]
     if gpu_rows:
         parts += [
-            "What more GPUs should give, until a machine with several measures it: each GPU predicts at the rate "
-            "measured on one, and the notebook's own work (dealing, shipping, putting labels back: its CPU time per "
-            "text, measured in the same call) sets a ceiling that no number of GPUs passes. Expected texts/s:",
+            "What more GPUs should give, until a machine with several measures it: each GPU predicts at the rate of "
+            "the first round on one, and the notebook's own work (dealing, shipping, putting labels back: its CPU "
+            "time per text, measured in the same calls) sets a ceiling that no number of GPUs passes. Expected "
+            "texts/s:",
             table(["measured on", "mode", "1 GPU", "2 GPUs", "4 GPUs", "8 GPUs", "the notebook's ceiling"], gpu_rows),
         ]
     parts += [

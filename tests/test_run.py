@@ -7,6 +7,8 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
+from pathlib import Path
+
 import pytest
 from conftest import wait_for
 
@@ -97,12 +99,16 @@ def source():
     return FakeSource()
 
 
-def finish(source: FakeSource, value) -> None:
-    """What the ranks of a finished job (the source's last) send; rank 0 writes the value where the job says."""
+def finish(source: FakeSource, value, written: bytes | None = None) -> None:
+    """What the ranks of a finished job (the source's last) send; rank 0 writes the value where the job says (or,
+    given ``written``, those bytes instead)."""
     job = source.jobs[-1]
     for rank, sender in enumerate(source.ranks.ranks):
         sender.send(Started(rank, pid=100 + rank, device="cpu"))
-    payload.write_result(job.result, value)
+    if written is None:
+        payload.write_result(job.result, value)
+    else:
+        Path(job.result).write_bytes(written)
     source.ranks.ranks[0].send(ResultReady(0, job.result))
     for rank, sender in enumerate(source.ranks.ranks):
         sender.send(Finished(rank))
@@ -285,10 +291,7 @@ def test_the_hang_watchdog_ends_the_run_without_copying_snapshots(source):
 
 def test_a_result_that_cannot_be_read_fails_the_run_and_frees_the_kernel(source):
     run = Run(double, (1,), {}, source).start()
-    [job] = source.jobs
-    finish(source, 2)
-    with open(job.result, "wb") as damaged:  # what rank 0 wrote, now unreadable
-        damaged.write(b"not a pickle")
+    finish(source, 2, written=b"not a pickle")  # what rank 0 wrote cannot be read
     result = run.wait(timeout=10)
     assert result.status == "failed" and "could not be read back in the notebook" in str(result.error)
     assert source.releases == [(False, "failed")] and not run.active  # the next run may start
