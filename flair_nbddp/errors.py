@@ -128,6 +128,11 @@ class CheckpointWriteError(FlairNbddpError, OSError):
     """A full checkpoint could not be written (a full disk, a directory gone); the message names the file."""
 
 
+class PredictionsWriteError(FlairNbddpError, OSError):
+    """The JSON Lines file of :func:`flair_nbddp.predict` could not be written (a full disk, a quota); the message
+    names the file and how many rows it holds."""
+
+
 class ResumeError(ConfigurationError):
     """A run cannot resume from the run it names: no checkpoint, another function or corpus, a changed file, or
     another number of processes; the message says which and the fix."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -201,6 +203,10 @@ def test_an_output_in_a_missing_folder_options_predict_decides_and_a_bad_batch_a
     with pytest.raises(DashboardUnavailableError, match="needs a Jupyter kernel"):
         flair_nbddp.predict(classifier, ["a"], dashboard=True)
     assert not (tmp_path / "missing").exists()
+    with pytest.raises(ConfigurationError, match="cannot be used"):
+        flair_nbddp.predict(classifier, ["a"], output="~no-such-user-here/out.jsonl")
+    with pytest.raises(ConfigurationError):
+        flair_nbddp.predict(classifier, Path("~no-such-user-here/in.txt"))
 
 
 def test_a_pool_ref_needs_its_own_pool_and_a_released_one_is_refused(classifier, tmp_path):

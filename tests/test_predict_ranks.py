@@ -172,6 +172,15 @@ def test_an_interrupt_returns_the_finished_prefix(warm_pool, models, tmp_path):
     assert warm_pool.pids == workers  # a stopped share returned cleanly: the pool keeps its workers (and their model)
 
 
+def test_a_file_that_cannot_be_written_fails_the_call_naming_how_many_rows_it_holds(warm_pool, models):
+    from flair_nbddp import PredictionsWriteError
+
+    built, sentiment, _ = models
+    texts = [s.to_plain_string() for s in sentiment.train] * 20  # more than a write buffer of rows
+    with pytest.raises(PredictionsWriteError, match=r"writing /dev/full failed .*holds the first [\d,]+ rows"):
+        warm_pool.predict(built["classifier"], texts, output="/dev/full")
+
+
 def test_a_failing_rank_fails_the_call_with_its_traceback(warm_pool, models):
     from flair.data import Sentence
 

@@ -21,7 +21,14 @@ from typing import Any, Callable
 
 from ..engine.run import Run
 from ..engine.worker_source import WorkerSource, source_for
-from ..errors import ConfigurationError, LedgerWarning, PoolRefError, RunStateError, UnknownOptionError
+from ..errors import (
+    ConfigurationError,
+    LedgerWarning,
+    PoolRefError,
+    PredictionsWriteError,
+    RunStateError,
+    UnknownOptionError,
+)
 from ..ledger.provenance import Provenance
 from ..ledger.store import Ledger
 from ..options import RunOptions, documented
@@ -118,11 +125,15 @@ class PredictCall:
             self._close_inputs()
             raise
         try:
-            handle = open_output(self.path) if self.path is not None else None  # after the start: a refusal empties no file
+            try:  # after the start: a refusal empties no file
+                handle = open_output(self.path) if self.path is not None else None
+            except OSError as error:
+                raise PredictionsWriteError(f"cannot write {self.path}: {error}. Write elsewhere") from error
             self._collector = Collector(self.inputs, self.chunks, self.label_name,
                                         keep=not self.inputs.in_place and handle is None, output=handle)  # fmt: skip
-            self._taker = threading.Thread(target=self._take, name="flair_nbddp-predictions", daemon=True)
-            self._taker.start()
+            taker = threading.Thread(target=self._take, name="flair_nbddp-predictions", daemon=True)
+            taker.start()
+            self._taker = taker
             self.background = background
             self.view.start(self)
         except BaseException:  # an interrupt, a file that cannot be written, a view that cannot show
@@ -152,12 +163,19 @@ class PredictCall:
                     if self.first_at is None:
                         self.first_at, self.first_count = time.time(), len(event.records)
                     self.received += len(event.records)
-                if ended:
+                if ended or not self.run.active:  # ended, or ended and concluded already (a kill)
                     return
                 time.sleep(TAKE_SECONDS)
         except BaseException as error:  # noqa: BLE001 - a file that cannot be written: the run ends, the call raises it
-            self._take_error = error
+            self._take_error = self._write_error(error) if isinstance(error, OSError) else error
             self.run.kill()
+
+    def _write_error(self, error: OSError) -> PredictionsWriteError:
+        done = self._collector.done if self._collector is not None else 0
+        return PredictionsWriteError(
+            f"writing {self.path} failed ({error}); it holds the first {done:,} rows, in input order. Free space, or "
+            f"write elsewhere and predict the rest with data[{done}:]"
+        )
 
     def _tick(self) -> None:
         self.status = self.run.state.status
@@ -167,7 +185,7 @@ class PredictCall:
         """Wait for the run while the view shows it; the outcome, shown in the view."""
         try:
             result = self.run.wait(on_tick=self._tick)
-            self._taker.join()
+            self._join_taker()
         except BaseException as error:
             if self.run.active:  # the view failed, or an interrupt came before the run was watched: end it here
                 self.run.kill()
@@ -193,13 +211,25 @@ class PredictCall:
         self.view.finish(self, predictions)
         return predictions
 
+    def _join_taker(self) -> None:
+        """Wait until every chunk is in place; the run has ended, so an interrupt now cannot cost it anything."""
+        while self._taker is not None and self._taker.is_alive():
+            try:
+                self._taker.join()
+            except KeyboardInterrupt:
+                continue
+
     def _close(self) -> None:
         """Once the chunks are all taken (the run has ended): the output file closed, the input file let go."""
-        if self._taker is not None:
-            self._taker.join()
-        if self._collector is not None and self._collector.output is not None:
-            self._collector.output.close()
-        self._close_inputs()
+        try:
+            self._join_taker()
+            if self._collector is not None and self._collector.output is not None:
+                try:
+                    self._collector.output.close()  # what is still buffered is written now
+                except OSError as error:
+                    self._take_error = self._take_error or self._write_error(error)
+        finally:
+            self._close_inputs()
 
     def _close_inputs(self) -> None:
         if isinstance(self.inputs, TextFile):
@@ -291,18 +321,22 @@ def _output_path(output: str | Path | None, inputs: Inputs) -> Path | None:
         return None
     if not isinstance(output, (str, os.PathLike)):
         raise ConfigurationError(f"output= takes the path of a JSON Lines file to write, not {type(output).__name__}")
-    path = Path(output).expanduser()
-    if path.is_dir():
-        raise ConfigurationError(f"output={str(output)!r} is a folder: give the path of the JSON Lines file to write")
-    if not path.parent.is_dir():
-        raise ConfigurationError(
-            f"output={str(output)!r}: its folder {path.parent} does not exist. Create it first "
-            f"(Path({str(path.parent)!r}).mkdir(parents=True)), or write elsewhere"
-        )
-    if not os.access(path if path.exists() else path.parent, os.W_OK):
-        raise ConfigurationError(f"output={str(output)!r} cannot be written here (permissions): write elsewhere")
-    if isinstance(inputs, TextFile) and path.exists() and path.samefile(inputs.path):
-        raise ConfigurationError(f"output={str(output)!r} is the input file itself: write the predictions elsewhere")
+    try:
+        path = Path(output).expanduser()
+        problem = (
+            "is a folder: give the path of the JSON Lines file to write" if path.is_dir()
+            else f"its folder {path.parent} does not exist. Create it first (Path({str(path.parent)!r}).mkdir("
+            "parents=True)), or write elsewhere" if not path.parent.is_dir()
+            else "cannot be written here (permissions): write elsewhere"
+            if not os.access(path if path.exists() else path.parent, os.W_OK)
+            else "is the input file itself: write the predictions elsewhere"
+            if isinstance(inputs, TextFile) and path.exists() and path.samefile(inputs.path)
+            else None
+        )  # fmt: skip
+    except (OSError, RuntimeError, ValueError) as error:  # no permission to look, an unknown ~user, a NUL
+        problem = f"cannot be used: {error}"
+    if problem:
+        raise ConfigurationError(f"output={str(output)!r}: {problem}")
     return path
 
 

@@ -194,10 +194,10 @@ def read_inputs(data: Any, use_tokenizer: Any = True) -> Inputs:
         ConfigurationError: no inputs, a path that is not a file, a list that mixes kinds, or something else.
     """
     if isinstance(data, os.PathLike):
-        return _file(Path(data).expanduser(), use_tokenizer)
+        return _file(data, use_tokenizer)
     if isinstance(data, str):
         if _names_a_file(data):
-            return _file(Path(data).expanduser(), use_tokenizer)
+            return _file(data, use_tokenizer)
         raise ConfigurationError(
             "predict() was given one string, which names no file here. Pass a list of texts (['first text', "
             "'second text']), or the path of an existing text file with one text a line"
@@ -248,19 +248,23 @@ def _names_a_file(text: str) -> bool:
     try:
         if Path(text).expanduser().exists():
             return True
-    except OSError:  # a name too long for the file system: a text
+    except (OSError, RuntimeError, ValueError):  # too long a name, an unknown ~user, a NUL: a text
         return False
     return not any(space in text for space in " \t") and (os.sep in text or text.endswith((".txt", ".tsv", ".csv")))
 
 
-def _file(path: Path, use_tokenizer: Any) -> TextFile:
-    if not path.exists():
-        raise ConfigurationError(f"predict() was given {path}, which does not exist: give the path of a text file "
-                                 "with one text a line")  # fmt: skip
-    if not path.is_file():
-        raise ConfigurationError(f"predict() was given {path}, which is not a file: give the path of a text file with "
-                                 "one text a line")  # fmt: skip
-    inputs = TextFile(path.resolve(), use_tokenizer)
+def _file(given: str | os.PathLike, use_tokenizer: Any) -> TextFile:
+    try:
+        path = Path(given).expanduser()
+        if not path.exists():
+            raise ConfigurationError(f"predict() was given {path}, which does not exist: give the path of a text file "
+                                     "with one text a line")  # fmt: skip
+        if not path.is_file():
+            raise ConfigurationError(f"predict() was given {path}, which is not a file: give the path of a text file "
+                                     "with one text a line")  # fmt: skip
+        inputs = TextFile(path.resolve(), use_tokenizer)
+    except (OSError, RuntimeError, ValueError) as error:  # no permission, an unknown ~user, a NUL in the name
+        raise ConfigurationError(f"predict() cannot read {str(given)!r}: {error}") from None
     if not len(inputs):
         raise ConfigurationError(f"{path} is empty: there is nothing to predict")
     return inputs
