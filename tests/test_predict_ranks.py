@@ -142,7 +142,8 @@ def test_a_pool_ref_is_loaded_once_per_worker_and_kept(warm_pool, models):
         second = warm_pool.predict(ref, texts)
         kept_second = [rank.value for rank in warm_pool.exec(
             "from flair_nbddp.wire import pool_ref\n{key: id(model) for key, model in pool_ref._WORKER_KEPT.items()}")]
-        assert [s.get_labels("sentiment")[0].value for s in first] == [s.get_labels("sentiment")[0].value for s in second]
+        values = [[s.get_labels("sentiment")[0].value for s in call] for call in (first, second)]
+        assert values[0] == values[1]
         assert all(ref.id in kept for kept in kept_first) and kept_first == kept_second  # the same objects
     finally:
         ref.release()

@@ -4,7 +4,8 @@ kernel), the Train/Stop panel, the magics, and the ledger's runs as tables and f
 Importing it makes :func:`flair_nbddp.engine.watch.watch` show runs with
 :func:`~flair_nbddp.notebook.dashboard.open_view`, :func:`flair_nbddp.sweep` its sweeps with
 :func:`~flair_nbddp.notebook.sweep_view.open_sweep_view`, and :func:`flair_nbddp.predict` its calls with
-:func:`~flair_nbddp.notebook.predict_view.open_predict_view` (the package's root imports it, so every launch has its views);
+:func:`~flair_nbddp.notebook.predict_view.open_predict_view` (the package's root imports it, so every launch has its
+views);
 nothing below it imports notebook code.
 """
 

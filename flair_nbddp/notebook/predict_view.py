@@ -71,8 +71,10 @@ class PredictWidget(PredictView):
 
         self.bar = widgets.IntProgress(value=0, min=0, max=1, description="predict", bar_style="info")
         self.label = widgets.HTML()
-        self.stop_button = widgets.Button(description="Stop", button_style="danger", icon="stop",
-                                          tooltip="stop every rank after the chunk in hand; the call returns what is done")  # fmt: skip
+        self.stop_button = widgets.Button(
+            description="Stop", button_style="danger", icon="stop",
+            tooltip="stop every rank after the chunk in hand; the call returns what is done",
+        )  # fmt: skip
         self.hint = widgets.HTML("<i>interrupt the kernel (■) to stop: every rank stops after the chunk in hand, and "
                                  "the call returns what is done</i>")  # fmt: skip
         self.widget = widgets.HBox([self.bar, self.label, self.stop_button, self.hint])

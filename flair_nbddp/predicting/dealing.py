@@ -1,11 +1,11 @@
 """How a predict call's inputs are cut into chunks for the ranks: alike lengths together, input order kept coarsely.
 
 The inputs are taken in windows of consecutive inputs (16 chunks, at most 4,096 inputs); within a window they are
-sorted by length (longest first) and cut into chunks of a few batches. A batch of alike lengths pads little, and flair's ``predict`` sorts each chunk
-again. Chunks are dealt window by window, so the finished inputs form a growing prefix of the input (what a JSON
-Lines file can be written in order from, and what a stop leaves done: the chunks finished past the prefix are
-dropped, less than a window's worth when the ranks keep an even pace), and the predictions waiting for their turn
-in the notebook are about a window's worth.
+sorted by length (longest first) and cut into chunks of a few batches. A batch of alike lengths pads little, and
+flair's ``predict`` sorts each chunk again. Chunks are dealt window by window, so the finished inputs form a growing
+prefix of the input: what a JSON Lines file can be written in order from, and what a stop leaves done (the chunks
+finished past the prefix are dropped, less than a window's worth when the ranks keep an even pace). The predictions
+waiting for their turn in the notebook are about a window's worth.
 
 Example:
     >>> import numpy as np

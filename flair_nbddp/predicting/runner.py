@@ -1,4 +1,5 @@
-""":func:`predict`: a trained flair model run over many inputs on every device, its labels back in the notebook in order.
+""":func:`predict`: a trained flair model run over many inputs on every device, its labels back in the notebook in
+order.
 
 The call checks everything it can before a worker starts (the model, the inputs, the label type, the output's
 folder), cuts the inputs into chunks (:mod:`.dealing`), and launches :func:`flair_nbddp.worker.predict_rank.
@@ -278,7 +279,9 @@ def _model(model: Any, pool: WorkerSource | None) -> _Model:
                 "data), or predict(ref, data, pool=pool)), or pass the model itself"
             )
         if model.released:
-            raise PoolRefError(f"{model.describe()} was released: put the model on the pool again (ref = pool.put(model))")
+            raise PoolRefError(
+                f"{model.describe()} was released: put the model on the pool again (ref = pool.put(model))"
+            )
         held = model.held()
         if not model.of_flair or held is not None and not isinstance(held, flair.nn.Model):
             raise ConfigurationError(f"the PoolRef holds a {model.type_name}, not a flair model that predicts")
@@ -404,8 +407,8 @@ def predict(
     Run options (keywords, or ``options=RunOptions(...)``; keywords win):
         {run_options}
 
-    The kernel's interrupt (or, with ``wait=False``, the view's Stop button or ``call.stop()``) stops every rank after the
-    chunk in hand and the call returns what is done: ``predictions.status == "stopped"``, and the first
+    The kernel's interrupt (or, with ``wait=False``, the view's Stop button or ``call.stop()``) stops every rank after
+    the chunk in hand and the call returns what is done: ``predictions.status == "stopped"``, and the first
     ``predictions.done`` inputs hold their predictions (with ``output``, the file holds exactly those rows). A second
     interrupt ends the workers at once.
 

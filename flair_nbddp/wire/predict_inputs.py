@@ -143,8 +143,9 @@ class TextFile(Inputs):
                     line.decode("utf-8")
                 except UnicodeDecodeError as error:
                     raise ConfigurationError(
-                        f"{path}, line {number:,}, is not UTF-8 ({error.reason} at byte {error.start}): predict() reads "
-                        "text files as UTF-8. Convert it first (iconv -f latin1 -t utf-8), or pass its lines as strings"
+                        f"{path}, line {number:,}, is not UTF-8 ({error.reason} at byte {error.start}): predict() "
+                        "reads text files as UTF-8. Convert it first (iconv -f latin1 -t utf-8), or pass its lines as "
+                        "strings"
                     ) from None
                 starts.append(starts[-1] + len(line))
         self.starts = np.asarray(starts, dtype=np.int64)  # one more than lines: where the next would begin
@@ -214,7 +215,9 @@ def read_inputs(data: Any, use_tokenizer: Any = True) -> Inputs:
     except (TypeError, KeyError, IndexError):
         raise cannot from None
     if count == 0:
-        raise ConfigurationError("predict() was given no inputs (an empty list or dataset): there is nothing to predict")
+        raise ConfigurationError(
+            "predict() was given no inputs (an empty list or dataset): there is nothing to predict"
+        )
     if isinstance(first, str):
         strange = next((item for item in data if not isinstance(item, str)), None)
         if strange is not None:

@@ -69,8 +69,7 @@ def install() -> None:
             _notice(self.name, f"{self.name} builds its inputs in every batch, as flair does: {reason}")
             return original(self, sentences, offsets, lengths, flair_tokens, device)
         if self.training and not self.context_length:  # what the input thread can foresee: a sentence's own tokens
-            settings = _settings(self)
-            input_thread.watch(self, store_for(self.tokenizer, settings), settings)
+            _look_ahead(self)
         real = self.tokenizer
         caching = CachingTokenizer(real, sentences, keep_word_ids=bool(self.token_embedding))
         self.__dict__["tokenizer"] = caching
@@ -107,8 +106,13 @@ def look_ahead_for(model: Any) -> None:
         return
     for module in model.modules():
         if isinstance(module, TransformerBaseEmbeddings) and not module.context_length and not unservable(module):
-            settings = _settings(module)
-            input_thread.watch(module, store_for(module.tokenizer, settings), settings)
+            _look_ahead(module)
+
+
+def _look_ahead(embedding: Any) -> None:
+    """Have the input thread tokenize ahead for ``embedding``, into its tokenizer's store."""
+    settings = _settings(embedding)
+    input_thread.watch(embedding, store_for(embedding.tokenizer, settings), settings)
 
 
 def enabled() -> bool:
