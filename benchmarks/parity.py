@@ -6,9 +6,9 @@
 flair's side is ``tests/flair_own_launcher.py``: flair's ``launch_distributed`` as it is on GPUs (bent only to
 gloo on CPU), each rank seeding and building its corpus. The kit's side is a notebook run by nbclient in a real
 kernel: the corpus built in a cell, then ``launch(kit_train, ..., seed=42)`` with every default (device,
-processes, dashboard, shared evaluation, lazy corpus). Both train the three jobs of ``tests/parity_jobs.py``
-(an RNN ``TextClassifier`` with ``train``, the tiny transformer with ``fine_tune``, a ``SequenceTagger``;
-4 epochs each). Prints one JSON line: per kind, each figure's largest difference (0.0 is bit for bit), whether
+processes, dashboard, shared evaluation, lazy corpus). Both train the four jobs of ``tests/parity_jobs.py``
+(an RNN ``TextClassifier`` with ``train``, the tiny transformer with ``fine_tune``, a BiLSTM-CRF ``SequenceTagger``,
+a ``SequenceTagger`` fine-tuning the tiny transformer; 4 epochs each). Prints one JSON line: per kind, each figure's largest difference (0.0 is bit for bit), whether
 the weights are identical, and the evaluation batches each kit rank computed in shared-out evaluations.
 """
 

@@ -30,19 +30,40 @@ BATCH = 32
 WARM_BATCHES = 5
 
 
-def batches(model_path: str, docs: int, words: tuple[int, int], device: str) -> list[tuple]:
-    """Each batch's ids, mask and labels, on the device, tokenized once."""
+def batches(model_path: str, docs: int, words: tuple[int, int], device: str, task: str = "classify") -> list[tuple]:
+    """Each batch's ids, mask, labels and (``task="tag"``) the positions of each word's first sub-token in the
+    batch's flattened sub-tokens, on the device, tokenized once. A tagger's labels are each word's tag, as flair's
+    SequenceTagger makes them (BIOES)."""
     import torch
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    sentences = list(make_corpus(docs, words).train)
+    sentences = list(make_corpus(docs, words, task).train)
+    tags = {"O": 0}
     out = []
     for start in range(0, len(sentences), BATCH):
         chunk = sentences[start : start + BATCH]
-        encoded = tokenizer([s.to_original_text() for s in chunk], padding=True, truncation=True, return_tensors="pt")
-        labels = torch.tensor([s.get_label("sentiment").value == "POSITIVE" for s in chunk], dtype=torch.long)
-        out.append((encoded["input_ids"].to(device), encoded["attention_mask"].to(device), labels.to(device)))
+        firsts = None
+        if task == "tag":
+            encoded = tokenizer([[t.text for t in s] for s in chunk], is_split_into_words=True, padding=True,
+                                truncation=True, return_tensors="pt")  # fmt: skip
+            width, firsts, labels = encoded["input_ids"].shape[1], [], []
+            for row, sentence in enumerate(chunk):
+                word_ids = encoded.word_ids(row)
+                firsts += [row * width + at for at, word in enumerate(word_ids)
+                           if word is not None and (at == 0 or word_ids[at - 1] != word)]  # fmt: skip
+                words = ["O"] * len(sentence)
+                for span in sentence.get_spans("ner"):
+                    for token in span:  # the generated names are single words: S- in flair's BIOES
+                        words[token.idx - 1] = f"S-{span.tag}"
+                labels += [tags.setdefault(word, len(tags)) for word in words]
+            firsts = torch.tensor(firsts).to(device)
+            labels = torch.tensor(labels, dtype=torch.long)
+        else:
+            encoded = tokenizer([s.to_original_text() for s in chunk], padding=True, truncation=True,
+                                return_tensors="pt")  # fmt: skip
+            labels = torch.tensor([s.get_label("sentiment").value == "POSITIVE" for s in chunk], dtype=torch.long)
+        out.append((encoded["input_ids"].to(device), encoded["attention_mask"].to(device), labels.to(device), firsts))
     return out
 
 
@@ -60,7 +81,8 @@ def train(
     encoder = AutoModel.from_pretrained(model_path).to(device)
     if compiled:
         encoder.compile()
-    head = torch.nn.Linear(encoder.config.hidden_size, 2).to(device)
+    classes = max(int(batch[2].max()) for batch in data) + 1
+    head = torch.nn.Linear(encoder.config.hidden_size, max(2, classes)).to(device)
     params = [*encoder.parameters(), *head.parameters()]
     optimizer = torch.optim.AdamW(params, lr=5e-5)
     encoder.train(mode == "train")
@@ -71,12 +93,13 @@ def train(
     started = None
     for epoch in range(epochs):
         tracer = BatchTracer(trace) if trace and epoch == epochs - 1 else None
-        for batch_no, (ids, mask, labels) in enumerate(data):
+        for batch_no, (ids, mask, labels, firsts) in enumerate(data):
             if tracer:
                 tracer.before(batch_no)
             with autocast:
                 hidden = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
-                loss = loss_fn(head(hidden[:, 0]).float(), labels)
+                features = hidden[:, 0] if firsts is None else hidden.flatten(0, 1)[firsts]  # first sub-tokens
+                loss = loss_fn(head(features).float(), labels)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 5.0)
             optimizer.step()
@@ -91,7 +114,7 @@ def train(
                     torch.cuda.synchronize()
                 started = time.time()
             elif step > WARM_BATCHES:
-                samples += len(labels)
+                samples += len(ids)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     return samples / (time.time() - started), started, time.time()
@@ -100,6 +123,8 @@ def train(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--task", choices=["classify", "tag"], default="classify",
+                        help="throughput.py's task: a review's first sub-token, or each word's first sub-token")
     parser.add_argument("--size", choices=["tiny", "distilbert"], default="distilbert")
     parser.add_argument("--docs", type=int, default=4000)
     parser.add_argument("--words", type=word_range, default=IMDB_WORDS, help="words a review: N, or A-B")
@@ -119,14 +144,14 @@ def main() -> None:
     from flair_nbddp.synthetic import tiny_transformer
 
     model_path = tiny_transformer(Path(args.workdir) / f"model-{args.size}", size=args.size)
-    data = batches(model_path, args.docs, args.words, args.device)
+    data = batches(model_path, args.docs, args.words, args.device, args.task)
     for mode in args.modes.split(","):
         busy = GpuBusy() if args.device.startswith("cuda") else None
         rate, start, end = train(model_path, data, mode, args.precision, args.epochs, args.sync_every, args.device,
                                   args.compile, args.trace)
         args.trace = None
         figures = {
-            "loop": "plain", "mode": mode, "precision": args.precision, "samples_per_s": round(rate, 1),
+            "loop": "plain", "task": args.task, "mode": mode, "precision": args.precision, "samples_per_s": round(rate, 1),
             "gpu_busy_percent": busy.between(start, end) if busy else None, "size": args.size, "docs": args.docs,
             "words": args.words, "epochs": args.epochs, "sync_every": args.sync_every, "compiled": args.compile,
         }  # fmt: skip

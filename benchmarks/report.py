@@ -672,6 +672,56 @@ def predict_section(r: Results) -> str:
     return "\n\n".join(parts)
 
 
+def bookkeeping_section(r: Results) -> str:
+    """flair's per-token bookkeeping: the kit with its paths on and off, against flair's script and the plain loop."""
+    names = sorted(path.name for path in r.folder.glob("bookkeeping-*.json"))
+    parts = [
+        "## flair's per-token bookkeeping",
+        "Two fine-tuning jobs, a classifier on document embeddings and a tagger on word embeddings (each word's first "
+        "sub-token, no CRF), through flair's script and the kit, with the kit's per-token paths on (the default) and "
+        "off ([Precision and inputs](guide/precision-and-inputs.md#flairs-per-token-bookkeeping)). On a GPU, a plain "
+        "PyTorch loop on the same model and batches, tokenized before the loop, gives the device's pace without "
+        "flair. *Batch* is the median batch of each epoch, end to end; *between epochs* is the pause from an "
+        "epoch's last batch to the next epoch's first (evaluation, the epoch's checkpoint), less a batch. Figures "
+        "are medians over the rounds.",
+    ]
+    for name in names:
+        data = r(name)
+        gpu = data["machine"]["gpus"] > 0
+        for job in data["jobs"]:
+            kinds: dict[str, list[dict]] = {}
+            for run in data["runs"]:
+                if run["job"] == job and "samples_per_s" in run:
+                    kinds.setdefault(run["run"], []).append(run)
+            if not kinds:
+                continue
+            flair = statistics.median(run["samples_per_s"] for run in kinds.get("flair fp32", [{"samples_per_s": 0}]))
+            plain = [run["samples_per_s"] for run in kinds.get("plain loop bf16", [])]
+            header = ["run", "samples/s", "× flair's script", *(["× plain loop bf16"] if plain else []),
+                      "batch ms, by epoch", "between epochs, s", *(["GPU busy"] if gpu else []), "CPU ms a sample"]
+            rows = []
+            for label, runs in kinds.items():
+                rate = statistics.median(run["samples_per_s"] for run in runs)
+                epochs = [statistics.median(values) for values in zip(*(run.get("epoch_batch_ms_median") or []
+                                                                          for run in runs))]  # fmt: skip
+                pauses = [statistics.median(values) for values in zip(*(run.get("between_epochs_s") or []
+                                                                          for run in runs))]  # fmt: skip
+                cpu = [run["cpu_ms_per_sample"] for run in runs if run.get("cpu_ms_per_sample")]
+                busy = [run["gpu_busy_percent"] for run in runs if run.get("gpu_busy_percent") is not None]
+                rows.append([
+                    display(label), f"**{number(rate)}**", ratio(rate / flair) if flair else "—",
+                    *([ratio(rate / statistics.median(plain))] if plain else []),
+                    " · ".join(number(value) for value in epochs) or "—",
+                    " · ".join(number(value, 2) for value in pauses) or "—",
+                    *([percent(statistics.median(busy)) if busy else "—"] if gpu else []),
+                    number(statistics.median(cpu), 2) if cpu else "—",
+                ])  # fmt: skip
+            parts += [f"### {r.short(name)}: {'the classifier' if job == 'classify' else 'the tagger'}",
+                      f"*Job:* `{data['jobs'][job]}`, 3 epochs (the plain loop: 2).", table(header, rows)]
+        parts += [r.caption(name), *filter(None, [r.notes(name)])]
+    return "\n\n".join(parts)
+
+
 def overhead_section(r: Results) -> str:
     def row(what: str, name: str, with_: float, without: float, value: float) -> list[str]:
         return [what, r.short(name), number(with_), number(without), f"**{ratio(value)}**"]
@@ -808,6 +858,7 @@ def performance_page(results: Path) -> tuple[str, dict[str, bytes]]:
         restart_section(r),
         sweep_section(r),
         predict_section(r),
+        bookkeeping_section(r),
         overhead_section(r),
         tokenizing_section(r),
         parity_section(r),

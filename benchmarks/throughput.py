@@ -56,23 +56,45 @@ T0 = float(os.environ.get(T0_ENV) or time.time())
 HERE = Path(__file__).resolve().parent
 
 
-def make_corpus(docs: int, words: tuple[int, int] = IMDB_WORDS):
-    """Generated reviews of ``words`` words (by default IMDB-length, 200-260), small dev/test splits."""
-    from flair_nbddp.synthetic import sentiment_corpus
+def make_corpus(docs: int, words: tuple[int, int] = IMDB_WORDS, task: str = "classify"):
+    """Generated reviews of ``words`` words (by default IMDB-length, 200-260), small dev/test splits; for
+    ``task="tag"``, generated sentences with names of people and places, of at least ``words[0]`` words each."""
+    from flair_nbddp.synthetic import ner_corpus, sentiment_corpus
 
-    return sentiment_corpus(n_train=docs, n_dev=max(32, docs // 20), n_test=max(32, docs // 20), words=words)
+    splits = dict(n_train=docs, n_dev=max(32, docs // 20), n_test=max(32, docs // 20))
+    if task == "tag":
+        return ner_corpus(**splits, words=words[0])
+    return sentiment_corpus(**splits, words=words)
+
+
+def make_model(task: str, model_path: str, corpus):
+    """What the job fine-tunes: a TextClassifier on the transformer's first sub-token, or (``task="tag"``) a
+    SequenceTagger on each word's first sub-token, without CRF or RNN, as flair fine-tunes taggers."""
+    from flair.embeddings import TransformerDocumentEmbeddings, TransformerWordEmbeddings
+    from flair.models import SequenceTagger, TextClassifier
+
+    if task == "tag":
+        return SequenceTagger(
+            TransformerWordEmbeddings(model_path, fine_tune=True, layers="-1", subtoken_pooling="first"),
+            tag_dictionary=corpus.make_label_dictionary("ner", add_unk=False), tag_type="ner", use_crf=False,
+            use_rnn=False, reproject_embeddings=False,
+        )  # fmt: skip
+    return TextClassifier(
+        TransformerDocumentEmbeddings(model_path, fine_tune=True),
+        label_type="sentiment",
+        label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False),
+    )
 
 
 def timed_fine_tune(
     corpus, docs: int, model_path: str, base_path: str, batch: int, chunk: int | None, epochs: int,
-    launched_at: float, multi_gpu: bool = True, words: tuple[int, int] = IMDB_WORDS,
+    launched_at: float, multi_gpu: bool = True, words: tuple[int, int] = IMDB_WORDS, task: str = "classify",
 ):
-    """Fine-tune a TextClassifier, timing the first batch (since ``T0`` and ``launched_at``) and the throughput after it."""
+    """Fine-tune ``task``'s model (:func:`make_model`), timing the first batch (since ``T0`` and ``launched_at``), the
+    throughput after it, and each epoch's batches and the pauses between epochs."""
     import flair.distributed_utils
     import numpy as np
     from flair.distributed_utils import aggregate
-    from flair.embeddings import TransformerDocumentEmbeddings
-    from flair.models import TextClassifier
     from flair.trainers import ModelTrainer
     from flair.trainers.plugins import TrainerPlugin
 
@@ -84,10 +106,12 @@ def timed_fine_tune(
         cpu_at_first = cpu_at_last = 0.0
         samples = 0
         epochs: list[list[float]] = []  # per epoch: samples after the first batch, their first and last batch's end
+        batch_ends: list[list[float]] = []  # per epoch: each batch's end
 
         @TrainerPlugin.hook
         def after_training_batch(self, batch, **_):
             self.last_batch_at, self.cpu_at_last = time.time(), time.process_time()
+            self.batch_ends[-1].append(self.last_batch_at)
             if self.first_batch_at is None:
                 self.first_batch_at, self.cpu_at_first = self.last_batch_at, self.cpu_at_last
                 self.epochs.append([0, self.last_batch_at, self.last_batch_at])
@@ -98,6 +122,7 @@ def timed_fine_tune(
 
         @TrainerPlugin.hook
         def before_training_epoch(self, **_):
+            self.batch_ends.append([])
             if self.first_batch_at is not None:  # a later epoch counts from its start (the first, from its first batch)
                 self.epochs.append([0, time.time(), time.time()])
 
@@ -105,16 +130,13 @@ def timed_fine_tune(
         import flair
 
         flair.set_seed(42)
-        corpus = make_corpus(docs, words)
+        corpus = make_corpus(docs, words, task)
     timer = Timer()
     plugins = [timer]
     if os.environ.get(TRACE_ENV) and flair.distributed_utils.is_main_process():
         plugins.append(traced_batches(TrainerPlugin, epochs, Path(os.environ[TRACE_ENV])))
-    model = TextClassifier(
-        TransformerDocumentEmbeddings(model_path, fine_tune=True),
-        label_type="sentiment",
-        label_dictionary=corpus.make_label_dictionary("sentiment", add_unk=False),
-    )
+    model = make_model(task, model_path, corpus)
+
     def train():
         return ModelTrainer(model, corpus).fine_tune(
             base_path, max_epochs=epochs, mini_batch_size=batch, mini_batch_chunk_size=chunk, learning_rate=5e-5,
@@ -131,6 +153,7 @@ def timed_fine_tune(
     rate = timer.samples / max(1e-9, timer.last_batch_at - timer.first_batch_at)
     epoch_rates = [samples / max(1e-9, last - first) for samples, first, last in timer.epochs if samples]
     cpu_ms = 1000 * (timer.cpu_at_last - timer.cpu_at_first) / max(1, timer.samples)
+    steps = [np.diff(ends) * 1000 for ends in timer.batch_ends]
     return {
         "first_batch_s": timer.first_batch_at - T0,
         "launch_to_first_batch_s": timer.first_batch_at - launched_at,
@@ -142,6 +165,13 @@ def timed_fine_tune(
         # per-batch agreement add, without the wall-clock noise of a shared machine
         "cpu_ms_per_sample": float(aggregate(cpu_ms, np.mean)),
         "test_score": scores["test_score"],
+        # rank 0's pace within each epoch (the median batch, end to end) and between epochs (from an epoch's last
+        # batch to the next epoch's first, less a median batch: evaluation, checkpoint, the kit's epoch's end)
+        "epoch_batch_ms_median": [float(np.median(ms)) for ms in steps if len(ms)],
+        "between_epochs_s": [
+            float(after[0] - before[-1] - np.median(ms) / 1000)
+            for before, after, ms in zip(timer.batch_ends, timer.batch_ends[1:], steps[1:]) if before and after
+        ],
     }
 
 
@@ -322,10 +352,11 @@ sys.path.insert(0, {here!r})
 import flair_nbddp
 from first_batch import BETWEEN_CELLS_S
 from throughput import make_corpus, timed_fine_tune
-corpus = make_corpus({docs}, {words})              # built once, here, like in a notebook cell
+corpus = make_corpus({docs}, {words}, {task!r})     # built once, here, like in a notebook cell
 
 def main(corpus, launched_at):                     # a notebook-style function in a file-less __main__
-    return timed_fine_tune(corpus, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs}, launched_at, {multi_gpu})
+    return timed_fine_tune(corpus, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs}, launched_at, {multi_gpu},
+                           task={task!r})
 
 # kit-pool: workers started and warmed up before, as by `%ddp_pool start` in an earlier cell
 pool = flair_nbddp.WorkerPool({processes}, {device!r}).warm_up() if {warm} else None
@@ -333,6 +364,7 @@ time.sleep(BETWEEN_CELLS_S if {warm} else 0.0)    # ...and this cell run a momen
 result = flair_nbddp.launch(
     main, args=(corpus, time.time()), device={device!r}, processes={processes}, dashboard=False, pool=pool,
     fast_inputs={fast_inputs}, precision={precision!r}, lazy_corpus={lazy_corpus}, compile_model={compile_model!r},
+    direct_embeddings={direct_embeddings}, skip_clean_tokens={skip_clean_tokens},
 )
 if pool is not None:
     pool.close()
@@ -352,7 +384,8 @@ if {device!r} == "cpu":
 
 if __name__ == "__main__":                         # the script way: every rank builds its own corpus
     value = launch_distributed(
-        timed_fine_tune, None, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs}, time.time(), words={words}
+        timed_fine_tune, None, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs}, time.time(), words={words},
+        task={task!r},
     )
     print("RESULT " + json.dumps(value))
 """
@@ -364,7 +397,7 @@ from pathlib import Path
 sys.path.insert(0, {here!r})
 from accelerate import notebook_launcher
 from throughput import make_corpus, processes_for, timed_fine_tune
-corpus = make_corpus({docs}, {words})              # built once, here, like in a notebook cell
+corpus = make_corpus({docs}, {words}, {task!r})     # built once, here, like in a notebook cell
 processes = processes_for({device!r}, {processes})
 
 def main(corpus, launched_at):                     # a notebook-style function in a file-less __main__
@@ -378,7 +411,7 @@ def main(corpus, launched_at):                     # a notebook-style function i
         allow_cpu_ddp()
         flair.device = torch.device("cpu")         # PartialState says cpu:0, which DDP takes for a device id
     figures = timed_fine_tune(corpus, {docs}, {model!r}, {base!r}, {batch}, {chunk}, {epochs}, launched_at,
-                              multi_gpu=state.num_processes > 1, words={words})
+                              multi_gpu=state.num_processes > 1, words={words}, task={task!r})
     if state.is_main_process:                      # notebook_launcher returns nothing: leave rank 0's figures
         Path({base!r}, "figures.json").write_text(json.dumps(figures))
 
@@ -400,9 +433,10 @@ def processes_for(device: str, processes: int | None) -> int:
 def run_job(args) -> dict:
     """Start the job in a fresh interpreter, with T0 set just before, and read its figures."""
     fields = dict(
-        here=str(HERE), docs=args.docs, words=args.words, model=args.model, base=args.base, batch=args.batch,
+        here=str(HERE), task=args.task, docs=args.docs, words=args.words, model=args.model, base=args.base, batch=args.batch,
         chunk=args.chunk, epochs=args.epochs, device=args.device, processes=args.processes, warm=args.launcher == "kit-pool",
-        fast_inputs=not args.no_fast_inputs, precision=args.precision, compile_model=args.compile_model,
+        fast_inputs=not args.no_fast_inputs, precision=args.precision, direct_embeddings=not args.no_direct_embeddings,
+        skip_clean_tokens=not args.no_skip_clean_tokens, compile_model=args.compile_model,
         lazy_corpus={"auto": None, "yes": True, "no": False}[args.lazy_corpus], multi_gpu=not args.no_ddp,
     )
     if args.launcher in ("kit", "kit-pool"):
@@ -439,6 +473,8 @@ def main() -> None:
     parser.add_argument("--launcher", choices=LAUNCHERS, required=True)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     parser.add_argument("--processes", type=int, default=None)
+    parser.add_argument("--task", choices=["classify", "tag"], default="classify",
+                        help="a TextClassifier on reviews, or a SequenceTagger on sentences with names (make_model)")
     parser.add_argument("--size", choices=["tiny", "distilbert"], default="distilbert")
     parser.add_argument("--docs", type=int, default=4000)
     parser.add_argument(
@@ -448,6 +484,10 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--no-fast-inputs", action="store_true", help="kit launchers: flair's own input building")
+    parser.add_argument("--no-direct-embeddings", action="store_true",
+                        help="kit launchers: a tagger gathers its embeddings token by token, as flair does")
+    parser.add_argument("--no-skip-clean-tokens", action="store_true",
+                        help="kit launchers: flair clears every token of every batch")
     parser.add_argument(
         "--lazy-corpus", choices=["auto", "yes", "no"], default="auto",
         help="kit launchers: lazy_corpus=None (the kit's default), True or False",
@@ -473,8 +513,9 @@ def main() -> None:
     args.base = str(Path(args.workdir) / f"train-{args.launcher}")
     figures = run_job(args)
     figures.update(
-        launcher=args.launcher, device=args.device, size=args.size, docs=args.docs, words=args.words, batch=args.batch,
+        launcher=args.launcher, task=args.task, device=args.device, size=args.size, docs=args.docs, words=args.words, batch=args.batch,
         precision=args.precision, fast_inputs=not args.no_fast_inputs, lazy_corpus=args.lazy_corpus,
+        direct_embeddings=not args.no_direct_embeddings, skip_clean_tokens=not args.no_skip_clean_tokens,
         compile_model=args.compile_model, ddp=not args.no_ddp,
     )  # fmt: skip
     print(json.dumps(figures))

@@ -14,7 +14,7 @@ Example:
     >>> RunOptions.of({"proceses": 2})
     Traceback (most recent call last):
     ...
-    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, share_gpus, wait_for_devices, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs, precision, compile_model, resume, checkpoint_every, max_restarts, restart_timeout, on_oom, resume_force
+    flair_nbddp.errors.UnknownOptionError: 'proceses' is not a run option (did you mean 'processes'?); the run options are: processes, device, gpus, share_gpus, wait_for_devices, cluster, timeout, stop_timeout, hang_timeout, seed, dashboard, output, run_dir, distributed_eval, lazy_corpus, fast_inputs, direct_embeddings, skip_clean_tokens, precision, compile_model, resume, checkpoint_every, max_restarts, restart_timeout, on_oom, resume_force
 """
 
 from __future__ import annotations
@@ -183,6 +183,18 @@ class RunOptions:
         "first time it saw the sentence, instead of tokenizing it again in every batch of every epoch "
         "(:mod:`flair_nbddp.worker.fast_inputs`): the same inputs, the tokenizer's work done once. False: flair's own "
         "way.", flag={"name": "--no-fast-inputs", "const": False},
+    )  # fmt: skip
+    direct_embeddings: bool = _option(
+        True, "a SequenceTagger on one transformer's word embeddings takes the embeddings' batch tensor as it is made, "
+        "instead of flair storing a vector on each token and gathering them back token by token "
+        "(:mod:`flair_nbddp.worker.direct_embeddings`): the same tensor, the same training. False: flair's own way.",
+        flag={"name": "--no-direct-embeddings", "const": False},
+    )  # fmt: skip
+    skip_clean_tokens: bool = _option(
+        True, "flair's clearing of a batch's embeddings after each batch leaves alone the tokens of a sentence that "
+        "holds none since its last clearing (a document classifier's, or a tagger's with ``direct_embeddings``), "
+        "instead of walking every token (:mod:`flair_nbddp.worker.clean_tokens`): the same end state. False: "
+        "flair's own way.", flag={"name": "--no-skip-clean-tokens", "const": False},
     )  # fmt: skip
     precision: str = _option(
         "fp32", '``"fp32"``: flair\'s default, unchanged; ``"bf16"``: the forward passes of training and evaluation '

@@ -92,12 +92,23 @@ def sentiment_corpus(
     return Corpus(split(n_train), split(n_dev), split(n_test), name="generated-sentiment", sample_missing_splits=False)
 
 
-def ner_corpus(n_train: int = 300, n_dev: int = 40, n_test: int = 40, seed: int = 0, label_type: str = "ner") -> Corpus:
+def ner_corpus(
+    n_train: int = 300, n_dev: int = 40, n_test: int = 40, seed: int = 0, label_type: str = "ner", words: int = 1,
+) -> Corpus:
     """A span-labelled NER corpus (``PER``, ``LOC``) of generated sentences.
+
+    Args:
+        n_train, n_dev, n_test: number of sentences per split.
+        seed: the same seed always gives the same corpus.
+        label_type: the label type the spans carry.
+        words: a sentence joins templates until it has at least this many words (by default one template, 6-10
+            words; ``40`` gives sentences of about 40 words with several names each).
 
     Example:
         >>> corpus = ner_corpus(n_train=4, n_dev=1, n_test=1)
         >>> sorted({span.tag for s in corpus.train for span in s.get_spans("ner")}) == ["LOC", "PER"]
+        True
+        >>> min(len(sentence) for sentence in ner_corpus(n_train=4, n_dev=1, n_test=1, words=40).train) >= 40
         True
     """
     from flair.data import Corpus, Sentence
@@ -106,16 +117,16 @@ def ner_corpus(n_train: int = 300, n_dev: int = 40, n_test: int = 40, seed: int 
     rng = random.Random(seed)
 
     def make() -> Sentence:
-        template = rng.choice(NER_TEMPLATES).split()
         tokens, spans = [], []
-        for word in template:
-            if word in ("{PER}", "{LOC}"):
-                tag = word[1:-1]
-                name = rng.choice(PERSON_NAMES if tag == "PER" else LOCATION_NAMES)
-                spans.append((len(tokens), tag))
-                tokens.append(name)
-            else:
-                tokens.append(word)
+        while not tokens or len(tokens) < words:
+            for word in rng.choice(NER_TEMPLATES).split():
+                if word in ("{PER}", "{LOC}"):
+                    tag = word[1:-1]
+                    name = rng.choice(PERSON_NAMES if tag == "PER" else LOCATION_NAMES)
+                    spans.append((len(tokens), tag))
+                    tokens.append(name)
+                else:
+                    tokens.append(word)
         sentence = Sentence(tokens)
         for index, tag in spans:
             sentence[index : index + 1].add_label(label_type, tag)

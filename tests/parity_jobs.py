@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 
-KINDS = ("classifier", "fine_tune", "tagger")
+KINDS = ("classifier", "fine_tune", "tagger", "tagger_fine_tune")
 SEED = 42
 EPOCHS = 4
 BATCH = 8
@@ -23,7 +23,7 @@ def build_corpus(kind: str):
     from flair_nbddp.synthetic import ner_corpus, sentiment_corpus
 
     train, dev, test = SIZES
-    if kind == "tagger":
+    if kind in ("tagger", "tagger_fine_tune"):
         return ner_corpus(n_train=train, n_dev=dev, n_test=test, seed=5)
     return sentiment_corpus(n_train=train, n_dev=dev, n_test=test, words=(6, 20), seed=5)
 
@@ -35,12 +35,15 @@ def train(corpus, kind: str, model_path: str, base_path: str) -> dict:
       through ``train`` with annealing after one bad epoch;
     - ``fine_tune``: a ``TextClassifier`` on the tiny transformer (dropout 0.1), ``fine_tune`` with its linear
       schedule and warm-up;
-    - ``tagger``: a ``SequenceTagger`` (BiLSTM-CRF, flair's dropouts) on span labels, through ``train``.
+    - ``tagger``: a ``SequenceTagger`` (BiLSTM-CRF, flair's dropouts) on span labels, through ``train``;
+    - ``tagger_fine_tune``: a ``SequenceTagger`` (linear, no CRF) on the tiny transformer's word embeddings (each
+      word's first sub-token), ``fine_tune``.
     """
     from flair.embeddings import (
         DocumentRNNEmbeddings,
         OneHotEmbeddings,
         TransformerDocumentEmbeddings,
+        TransformerWordEmbeddings,
     )
     from flair.models import SequenceTagger, TextClassifier
     from flair.trainers import ModelTrainer
@@ -67,6 +70,13 @@ def train(corpus, kind: str, model_path: str, base_path: str) -> dict:
             hidden_size=16, embeddings=embeddings, tag_dictionary=corpus.make_label_dictionary("ner"), tag_type="ner"
         )
         scores = ModelTrainer(model, corpus).train(base_path, learning_rate=0.1, **options)
+    elif kind == "tagger_fine_tune":
+        embeddings = TransformerWordEmbeddings(model_path, fine_tune=True, layers="-1", subtoken_pooling="first")
+        model = SequenceTagger(
+            hidden_size=16, embeddings=embeddings, tag_dictionary=corpus.make_label_dictionary("ner", add_unk=False),
+            tag_type="ner", use_crf=False, use_rnn=False, reproject_embeddings=False,
+        )
+        scores = ModelTrainer(model, corpus).fine_tune(base_path, learning_rate=5e-3, **options)
     elif kind == "classifier":
         words = OneHotEmbeddings.from_corpus(corpus, embedding_length=16, min_freq=1)
         # dropout only: flair 0.15.1 cannot save its word or locked dropout (to_params reads a .p they lack)

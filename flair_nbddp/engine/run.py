@@ -287,7 +287,8 @@ class Run:
             job = Job(
                 str(self.dir.payload), str(self.dir.result), self.seed, str(self.run_dir),
                 distributed_eval=self.options.distributed_eval, lazy_corpus=self.options.lazy_corpus,
-                fast_inputs=self.options.fast_inputs, precision=self.options.precision,
+                fast_inputs=self.options.fast_inputs, direct_embeddings=self.options.direct_embeddings,
+                skip_clean_tokens=self.options.skip_clean_tokens, precision=self.options.precision,
                 compile_model=self.options.compile_model,
                 resume=point.path if point else "", resume_sha256=point.sha256 if point else "",
                 chunk_size=self.chunk_size, checkpoint_every=self.options.checkpoint_every,

@@ -51,7 +51,9 @@ class Job:
     directory each rank writes its output to (``rank<r>.log``) while the job runs, whether the ranks
     share out flair's evaluations (:mod:`flair_nbddp.worker.distributed_eval`), whether corpora stay compact until
     read (:mod:`flair_nbddp.wire.lazy_corpus`), whether transformer inputs are built once per sentence
-    (:mod:`flair_nbddp.worker.fast_inputs`), the arithmetic of training (:mod:`flair_nbddp.worker.precision`),
+    (:mod:`flair_nbddp.worker.fast_inputs`), whether a tagger takes its transformer's batch tensor
+    (:mod:`flair_nbddp.worker.direct_embeddings`) and clean sentences' tokens are left alone when flair clears them
+    (:mod:`flair_nbddp.worker.clean_tokens`), the arithmetic of training (:mod:`flair_nbddp.worker.precision`),
     whether its transformers are compiled (:mod:`flair_nbddp.worker.compiled`), the checkpoint it resumes from
     (:mod:`flair_nbddp.worker.checkpoints`), and the objects put on the pool that the workers may keep
     (:meth:`flair_nbddp.WorkerPool.put`)."""
@@ -63,6 +65,8 @@ class Job:
     distributed_eval: bool = True
     lazy_corpus: bool | None = None
     fast_inputs: bool = True
+    direct_embeddings: bool = True
+    skip_clean_tokens: bool = True
     precision: str = "fp32"
     compile_model: bool | str = False
     resume: str = ""  # a checkpoint its first training continues from ("": none), and the file's sha256

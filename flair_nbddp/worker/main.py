@@ -58,8 +58,10 @@ from ..wire.events import (
 from . import (
     allocator,
     checkpoint_files,
+    clean_tokens,
     compiled,
     ddp_exec,
+    direct_embeddings,
     distributed_eval,
     fast_inputs,
     no_waits,
@@ -234,6 +236,8 @@ def _bend_flair(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
     distributed_eval.install(spec.rank, spec.world_size, vitals.control_group, vitals.store)
     lazy_corpus.keep_stored_embeddings()
     fast_inputs.install()
+    direct_embeddings.install()
+    clean_tokens.install()
     no_waits.install(flair_compat.model_subclasses())
     precision.install()
     compiled.install()
@@ -403,6 +407,8 @@ def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) ->
         predict_rank.start_job(sender, rank, vitals.store, job.key, vitals.counters)
         distributed_eval.start_job(f"flair_nbddp/{job.key}", job.distributed_eval)
         fast_inputs.start_job(job.fast_inputs, ahead=vitals.device.type != "cpu")
+        direct_embeddings.start_job(job.direct_embeddings)
+        clean_tokens.start_job(job.skip_clean_tokens)
         precision.start_job(job.precision)
         compiled.start_job(job.compile_model, vitals.device.type)
         checkpoint_files.start_job(job.run_dir, job.resume, job.resume_sha256, job.chunk_size, job.checkpoint_every)

@@ -19,7 +19,7 @@ from typing import Any
 from ..wire import label_records
 from ..wire.events import STOP_REQUESTED, EventSender, Predicted
 from ..wire.predict_inputs import Inputs
-from . import fast_inputs, input_thread, precision
+from . import clean_tokens, fast_inputs, input_thread, precision
 
 _JOB: dict[str, Any] = {}
 
@@ -45,7 +45,9 @@ def _taken(inputs: Inputs, chunks: list, counter: str) -> Iterator[tuple[int, li
         number = _JOB["store"].add(counter, 1) - 1
         if number >= len(chunks):
             return
-        yield number, inputs.points(chunks[number])
+        points = inputs.points(chunks[number])
+        clean_tokens.made(points)
+        yield number, points
 
 
 def predict_share(model: Any, inputs: Inputs, chunks: list, settings: Settings) -> int:
