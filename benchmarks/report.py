@@ -717,7 +717,8 @@ def bookkeeping_section(r: Results) -> str:
                     number(statistics.median(cpu), 2) if cpu else "—",
                 ])  # fmt: skip
             parts += [f"### {r.short(name)}: {'the classifier' if job == 'classify' else 'the tagger'}",
-                      f"*Job:* `{data['jobs'][job]}`, 3 epochs (the plain loop: 2).", table(header, rows)]
+                      f"*Job:* `{data['jobs'][job]}`, 3 epochs{' (the plain loop: 2)' if plain else ''}.",
+                      table(header, rows)]
         parts += [r.caption(name), *filter(None, [r.notes(name)])]
     return "\n\n".join(parts)
 

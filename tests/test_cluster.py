@@ -25,7 +25,7 @@ from training_jobs import (
 
 import flair_nbddp
 from flair_nbddp import WorkerError, WorkerPool, launch, runs, start
-from flair_nbddp.synthetic import sentiment_corpus
+from flair_nbddp.synthetic import ner_corpus, sentiment_corpus
 
 pytestmark = pytest.mark.cluster
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -262,6 +262,15 @@ def test_a_pool_on_the_cluster_keeps_its_ranks_the_corpus_put_on_it_and_its_enco
                         pool=pool, dashboard=False, seed=5) for name in ("first", "again")]  # fmt: skip
         assert tuned[0].value["encoded"] == tuned[0].value["distinct"] > 0
         assert tuned[1].value["encoded"] == 0 and tuned[1].history("dev/score") == tuned[0].history("dev/score")
+        # a tagger takes its transformer's batch tensor on the cluster too, and trains as with flair's own path
+        ner = pool.put(ner_corpus(n_train=48, n_dev=8, n_test=8, seed=4))
+        tagged = {on: launch(fine_tune_counting_tokenizations, (ner, tiny_model_path, str(tmp_path / f"tag{on}"),
+                                                                "tagger"),
+                             pool=pool, dashboard=False, seed=5, direct_embeddings=on, skip_clean_tokens=on)
+                  for on in (True, False)}  # fmt: skip
+        assert tagged[True].value["direct_batches"] > 0 == tagged[False].value["direct_batches"]
+        assert tagged[True].history("dev/loss") == tagged[False].history("dev/loss")
+        assert tagged[True].value["test_score"] == tagged[False].value["test_score"]
 
 
 def test_a_sweep_runs_one_trial_on_each_dask_worker_at_once(client, tmp_path):

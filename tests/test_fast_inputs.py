@@ -203,9 +203,9 @@ def test_training_with_inputs_built_once_is_bit_for_bit_flairs_and_tokenizes_eac
 
     corpus = (ner_corpus if kind == "tagger" else sentiment_corpus)(n_train=48, n_dev=12, n_test=12, seed=4)
     model = models["wordpiece" if kind == "tagger" else "bpe"]
-    def train(fast: bool, name: str, ahead: bool = False):
+    def train(fast: bool, name: str, ahead: bool = False, **options):
         return warm_pool.launch(fine_tune_counting_tokenizations, (corpus, model, str(tmp_path / name), kind, ahead),
-                                seed=11, dashboard=False, fast_inputs=fast)  # fmt: skip
+                                seed=11, dashboard=False, fast_inputs=fast, **options)  # fmt: skip
 
     results = {True: train(True, "fast", ahead=True), False: train(False, "flair's")}  # ahead: as on GPUs
     again = train(True, "again")
@@ -221,6 +221,10 @@ def test_training_with_inputs_built_once_is_bit_for_bit_flairs_and_tokenizes_eac
     assert results[False].value["encoded"] == 0
     # the pool's next job with the same sentences and tokenizer encodes nothing: the workers kept the inputs
     assert again.value["encoded"] == 0 and again.history("dev/score") == curves[True]["dev/score"]
+    if kind == "tagger":  # its transformer's batch tensor taken, on a lazy corpus too, with the same curves
+        assert results[True].value["direct_batches"] > 0 and results[False].value["direct_batches"] > 0
+        lazy = train(True, "lazy", lazy_corpus=True)
+        assert lazy.value["direct_batches"] > 0 and lazy.history("dev/score") == curves[True]["dev/score"]
 
 
 @pytest.mark.process

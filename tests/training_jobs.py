@@ -110,7 +110,8 @@ def nap(seconds: float) -> float:
 def fine_tune_counting_tokenizations(corpus, model_path: str, base_path: str, kind: str, ahead: bool = False) -> dict:
     """Fine-tune for 3 epochs (a classifier on document embeddings, or a tagger on word embeddings, both
     transformer) and count the sentences the ranks' tokenizers encoded (the kit's kept inputs, when on): rank 0's and
-    every rank's, with the next batch tokenized in the input thread if ``ahead`` (as on GPUs)."""
+    every rank's, with the next batch tokenized in the input thread if ``ahead`` (as on GPUs); and rank 0's tagger
+    batches that took their embeddings' tensor (``direct_embeddings``)."""
     import torch.distributed as dist
     from flair.embeddings import (
         TransformerDocumentEmbeddings,
@@ -119,16 +120,22 @@ def fine_tune_counting_tokenizations(corpus, model_path: str, base_path: str, ki
     from flair.models import SequenceTagger, TextClassifier
     from flair.trainers import ModelTrainer
 
-    from flair_nbddp.worker import fast_inputs, input_thread
+    from flair_nbddp.worker import direct_embeddings, fast_inputs, input_thread
 
-    encoded = []
-    encode = fast_inputs.encode
+    encoded, direct = [], []
+    encode, token_tensor = fast_inputs.encode, direct_embeddings.token_tensor
 
     def counting(tokenizer, store, keys, *args):
         encoded.extend(keys)
         return encode(tokenizer, store, keys, *args)
 
+    def counting_direct(tagger, sentences):
+        tensors = token_tensor(tagger, sentences)
+        direct.extend([] if tensors is None else [len(sentences)])
+        return tensors
+
     fast_inputs.encode = input_thread._ENCODE = counting
+    direct_embeddings.token_tensor = counting_direct
     input_thread._AHEAD = ahead and fast_inputs._JOB.enabled
     try:
         if kind == "tagger":
@@ -141,11 +148,13 @@ def fine_tune_counting_tokenizations(corpus, model_path: str, base_path: str, ki
                                                        learning_rate=5e-3, multi_gpu=True)  # fmt: skip
     finally:
         fast_inputs.encode = input_thread._ENCODE = encode
+        direct_embeddings.token_tensor = token_tensor
     everywhere: list = [None] * dist.get_world_size()
     dist.all_gather_object(everywhere, encoded)
     every_rank = [name for names in everywhere for name in names]
     return {"test_score": scores["test_score"], "encoded": len(encoded), "distinct": len(set(encoded)),
-            "encoded_by_all": len(every_rank), "distinct_by_all": len(set(every_rank))}  # fmt: skip
+            "encoded_by_all": len(every_rank), "distinct_by_all": len(set(every_rank)),
+            "direct_batches": len(direct)}  # fmt: skip
 
 
 def fine_tune_noting_dtypes(corpus, model_path: str, base_path: str) -> dict:
