@@ -187,14 +187,16 @@ class RunOptions:
     direct_embeddings: bool = _option(
         True, "a SequenceTagger on one transformer's word embeddings takes the embeddings' batch tensor as it is made, "
         "instead of flair storing a vector on each token and gathering them back token by token "
-        "(:mod:`flair_nbddp.worker.direct_embeddings`): the same tensor, the same training. False: flair's own way.",
+        "(:mod:`flair_nbddp.worker.direct_embeddings`), and transformer word embeddings are picked from the model's "
+        "output in one operation, not sentence by sentence (:mod:`flair_nbddp.worker.token_gathers`): the same "
+        "tensors, the same training. False: flair's own way.",
         flag={"name": "--no-direct-embeddings", "const": False},
     )  # fmt: skip
     skip_clean_tokens: bool = _option(
         True, "flair's clearing of a batch's embeddings after each batch leaves alone the tokens of a sentence that "
-        "holds none since its last clearing (a document classifier's, or a tagger's with ``direct_embeddings``), "
-        "instead of walking every token (:mod:`flair_nbddp.worker.clean_tokens`): the same end state. False: "
-        "flair's own way.", flag={"name": "--no-skip-clean-tokens", "const": False},
+        "hold none since its last clearing (a document classifier's, or a tagger's with ``direct_embeddings``), and "
+        "a classifier's removal of its old labels before it predicts leaves alone tokens that carry none, instead of "
+        "walking every token (:mod:`flair_nbddp.worker.clean_tokens`): the same end state. False: flair's own way.", flag={"name": "--no-skip-clean-tokens", "const": False},
     )  # fmt: skip
     precision: str = _option(
         "fp32", '``"fp32"``: flair\'s default, unchanged; ``"bf16"``: the forward passes of training and evaluation '

@@ -3,7 +3,11 @@ clears them: the same training, bit for bit, with less of flair's per-token Pyth
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import flair
+import flair.embeddings.transformer as transformer
 import pytest
 import torch
 from flair.data import DataPair, Dictionary, Sentence, Token
@@ -17,16 +21,17 @@ from flair.models import SequenceTagger, TextClassifier, TextPairClassifier
 from flair.trainers import ModelTrainer
 
 from flair_nbddp.synthetic import ner_corpus, sentiment_corpus
-from flair_nbddp.worker import clean_tokens, direct_embeddings
+from flair_nbddp.worker import clean_tokens, direct_embeddings, token_gathers
 
 
 @pytest.fixture
 def paths(monkeypatch):
-    """Both paths installed in this process for the test (flair's own methods restored after it), and counters of
-    the tagger batches they served and of the tokens given or cleared of an embedding."""
+    """The paths installed in this process for the test (flair's own methods restored after it), and counters of
+    the tagger batches they served, of the tokens given or cleared of an embedding, and of flair's own loops run."""
     for owner, name in ((SequenceTagger, "_prepare_tensors"), (SequenceTagger, "predict"), (ModelTrainer, "train_custom"),
-                        (Sentence, "clear_embeddings"), (Sentence, "_add_token"), (Token, "set_embedding"),
-                        (Token, "clear_embeddings")):  # fmt: skip
+                        (Sentence, "clear_embeddings"), (Sentence, "remove_labels"), (Sentence, "_add_token"),
+                        (Token, "set_embedding"), (Token, "clear_embeddings"), (transformer, "combine_strided_tensors"),
+                        (transformer, "fill_masked_elements")):  # fmt: skip
         monkeypatch.setattr(owner, name, getattr(owner, name))
     counts = {"served": 0, "flairs": 0, "tokens set": 0, "tokens cleared": 0}
     served = direct_embeddings.token_tensor
@@ -49,16 +54,26 @@ def paths(monkeypatch):
 
     monkeypatch.setattr(Token, "set_embedding", set_counted)
     monkeypatch.setattr(Token, "clear_embeddings", clear_counted)
+    counts["flair's loops"] = 0
+    for name in ("combine_strided_tensors", "fill_masked_elements"):
+        loop = getattr(transformer, name)
+
+        def looped(*args, _loop=loop):
+            counts["flair's loops"] += 1
+            return _loop(*args)
+
+        monkeypatch.setattr(transformer, name, looped)
     direct_embeddings.install()
+    token_gathers.install()
     clean_tokens.install()
     yield counts
-    direct_embeddings.start_job(True)
-    clean_tokens.start_job(True)
+    for path in (direct_embeddings, token_gathers, clean_tokens):
+        path.start_job(True)
 
 
 def _fine_tuned(model, corpus, base, enabled: bool, epochs: int = 2) -> list[torch.Tensor]:
-    direct_embeddings.start_job(enabled)
-    clean_tokens.start_job(enabled)
+    for path in (direct_embeddings, token_gathers, clean_tokens):
+        path.start_job(enabled)
     ModelTrainer(model, corpus).fine_tune(str(base), max_epochs=epochs, mini_batch_size=8, learning_rate=5e-3,
                                           save_final_model=False)  # fmt: skip
     return [weights.clone() for weights in model.state_dict().values()]
@@ -228,3 +243,41 @@ def test_removing_labels_only_the_sentence_carries_leaves_its_tokens_alone(paths
     ours, flairs = removed(True), removed(False)
     assert ours[0] == 0 and flairs[0] == 5  # the review's 5 tokens
     assert ours[1:] == flairs[1:] and ours[1] == 10
+
+
+GATHERED = {
+    "first sub-token": dict(subtoken_pooling="first"),
+    "last sub-token": dict(subtoken_pooling="last"),
+    "first and last, two layers": dict(subtoken_pooling="first_last", layers="-1,-2"),
+    "long sentences, strided": dict(subtoken_pooling="first", allow_long_sentences=True,
+                                    transformers_tokenizer_kwargs={"model_max_length": 16}),
+    "strided, last sub-token": dict(subtoken_pooling="last", allow_long_sentences=True,
+                                    transformers_tokenizer_kwargs={"model_max_length": 12}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", GATHERED)
+def test_word_embeddings_gathered_in_one_operation_are_flairs_with_flairs_gradients(paths, kind):
+    from flair_nbddp.synthetic import tiny_transformer
+
+    model = tiny_transformer(Path(tempfile.mkdtemp()) / "wordpiece", tokenizer="wordpiece")
+    sentences = list(sentiment_corpus(n_train=6, n_dev=1, n_test=1, words=(3, 30), seed=2).train)
+    sentences.append(Sentence(["plain", " ", "words"]))  # a word the tokenizer makes nothing of: a zero row
+    embedding = TransformerWordEmbeddings(model, fine_tune=True, **GATHERED[kind])
+
+    def embedded(enabled: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        token_gathers.start_job(enabled)
+        embedding.zero_grad()
+        tensors = embedding.prepare_tensors(sentences)
+        out = embedding._forward_tensors(tensors)["token_embeddings"]
+        (out * torch.arange(out.numel()).reshape(out.shape)).sum().backward()
+        return out.detach(), [parameter.grad.clone() for parameter in embedding.parameters()]
+
+    embedding.eval()  # no dropout: the two passes must see the same arithmetic
+    ours, ours_grads = embedded(True)
+    assert paths["flair's loops"] == 0
+    flairs, flairs_grads = embedded(False)
+    assert paths["flair's loops"] >= 1
+    assert ours.dtype == flairs.dtype and torch.equal(ours, flairs)
+    assert not ours[-1, 1].any() and ours[-1, 2].any()
+    assert all(torch.equal(a, b) for a, b in zip(ours_grads, flairs_grads, strict=True))

@@ -70,6 +70,7 @@ from . import (
     predict_rank,
     process_name,
     rank_zero_loggers,
+    token_gathers,
 )
 from .counters import TrainingCounters
 
@@ -237,6 +238,7 @@ def _bend_flair(spec: WorkerSpec, sender: EventSender, vitals: _Vitals) -> None:
     lazy_corpus.keep_stored_embeddings()
     fast_inputs.install()
     direct_embeddings.install()
+    token_gathers.install()
     clean_tokens.install()
     no_waits.install(flair_compat.model_subclasses())
     precision.install()
@@ -408,6 +410,7 @@ def run_job(spec: WorkerSpec, job: Job, sender: EventSender, vitals: _Vitals) ->
         distributed_eval.start_job(f"flair_nbddp/{job.key}", job.distributed_eval)
         fast_inputs.start_job(job.fast_inputs, ahead=vitals.device.type != "cpu")
         direct_embeddings.start_job(job.direct_embeddings)
+        token_gathers.start_job(job.direct_embeddings)
         clean_tokens.start_job(job.skip_clean_tokens)
         precision.start_job(job.precision)
         compiled.start_job(job.compile_model, vitals.device.type)
