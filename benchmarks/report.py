@@ -696,9 +696,11 @@ def bookkeeping_section(r: Results) -> str:
             if not kinds:
                 continue
             flair = statistics.median(run["samples_per_s"] for run in kinds.get("flair fp32", [{"samples_per_s": 0}]))
+            flair_cpu = statistics.median(run.get("cpu_ms_per_sample") or 0 for run in kinds.get("flair fp32", [{}]))
             plain = [run["samples_per_s"] for run in kinds.get("plain loop bf16", [])]
             header = ["run", "samples/s", "× flair's script", *(["× plain loop bf16"] if plain else []),
-                      "batch ms, by epoch", "between epochs, s", *(["GPU busy"] if gpu else []), "CPU ms a sample"]
+                      "batch ms, by epoch", "between epochs, s", *(["GPU busy"] if gpu else []), "CPU ms a sample",
+                      "CPU × flair's script"]
             rows = []
             for label, runs in kinds.items():
                 rate = statistics.median(run["samples_per_s"] for run in runs)
@@ -715,6 +717,7 @@ def bookkeeping_section(r: Results) -> str:
                     " · ".join(number(value, 2) for value in pauses) or "—",
                     *([percent(statistics.median(busy)) if busy else "—"] if gpu else []),
                     number(statistics.median(cpu), 2) if cpu else "—",
+                    number(statistics.median(cpu) / flair_cpu, 2) if cpu and flair_cpu else "—",
                 ])  # fmt: skip
             parts += [f"### {r.short(name)}: {'the classifier' if job == 'classify' else 'the tagger'}",
                       f"*Job:* `{data['jobs'][job]}`, 3 epochs{' (the plain loop: 2)' if plain else ''}.",
