@@ -8,8 +8,9 @@ gloo on CPU), each rank seeding and building its corpus. The kit's side is a not
 kernel: the corpus built in a cell, then ``launch(kit_train, ..., seed=42)`` with every default (device,
 processes, dashboard, shared evaluation, lazy corpus). Both train the four jobs of ``tests/parity_jobs.py``
 (an RNN ``TextClassifier`` with ``train``, the tiny transformer with ``fine_tune``, a BiLSTM-CRF ``SequenceTagger``,
-a ``SequenceTagger`` fine-tuning the tiny transformer; 4 epochs each). Prints one JSON line: per kind, each figure's largest difference (0.0 is bit for bit), whether
-the weights are identical, and the evaluation batches each kit rank computed in shared-out evaluations.
+a ``SequenceTagger`` fine-tuning the tiny transformer; 4 epochs each). Prints one JSON line: per kind, each
+figure's largest difference (0.0 is bit for bit), whether the weights are identical, and the evaluation batches
+each kit rank computed in shared-out evaluations.
 """
 
 from __future__ import annotations

@@ -151,7 +151,8 @@ def main() -> None:
                                   args.compile, args.trace)
         args.trace = None
         figures = {
-            "loop": "plain", "task": args.task, "mode": mode, "precision": args.precision, "samples_per_s": round(rate, 1),
+            "loop": "plain", "task": args.task, "mode": mode, "precision": args.precision,
+            "samples_per_s": round(rate, 1),
             "gpu_busy_percent": busy.between(start, end) if busy else None, "size": args.size, "docs": args.docs,
             "words": args.words, "epochs": args.epochs, "sync_every": args.sync_every, "compiled": args.compile,
         }  # fmt: skip

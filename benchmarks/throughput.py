@@ -433,7 +433,8 @@ def processes_for(device: str, processes: int | None) -> int:
 def run_job(args) -> dict:
     """Start the job in a fresh interpreter, with T0 set just before, and read its figures."""
     fields = dict(
-        here=str(HERE), task=args.task, docs=args.docs, words=args.words, model=args.model, base=args.base, batch=args.batch,
+        here=str(HERE), task=args.task, docs=args.docs, words=args.words, model=args.model, base=args.base,
+        batch=args.batch,
         chunk=args.chunk, epochs=args.epochs, device=args.device, processes=args.processes, warm=args.launcher == "kit-pool",
         fast_inputs=not args.no_fast_inputs, precision=args.precision, direct_embeddings=not args.no_direct_embeddings,
         skip_clean_tokens=not args.no_skip_clean_tokens, compile_model=args.compile_model,
@@ -513,7 +514,8 @@ def main() -> None:
     args.base = str(Path(args.workdir) / f"train-{args.launcher}")
     figures = run_job(args)
     figures.update(
-        launcher=args.launcher, task=args.task, device=args.device, size=args.size, docs=args.docs, words=args.words, batch=args.batch,
+        launcher=args.launcher, task=args.task, device=args.device, size=args.size, docs=args.docs, words=args.words,
+        batch=args.batch,
         precision=args.precision, fast_inputs=not args.no_fast_inputs, lazy_corpus=args.lazy_corpus,
         direct_embeddings=not args.no_direct_embeddings, skip_clean_tokens=not args.no_skip_clean_tokens,
         compile_model=args.compile_model, ddp=not args.no_ddp,

@@ -196,7 +196,8 @@ class RunOptions:
         True, "flair's clearing of a batch's embeddings after each batch leaves alone the tokens of a sentence that "
         "hold none since its last clearing (a document classifier's, or a tagger's with ``direct_embeddings``), and "
         "a classifier's removal of its old labels before it predicts leaves alone tokens that carry none, instead of "
-        "walking every token (:mod:`flair_nbddp.worker.clean_tokens`): the same end state. False: flair's own way.", flag={"name": "--no-skip-clean-tokens", "const": False},
+        "walking every token (:mod:`flair_nbddp.worker.clean_tokens`): the same end state. False: flair's own way.",
+        flag={"name": "--no-skip-clean-tokens", "const": False},
     )  # fmt: skip
     precision: str = _option(
         "fp32", '``"fp32"``: flair\'s default, unchanged; ``"bf16"``: the forward passes of training and evaluation '

@@ -3,6 +3,8 @@ clears them: the same training, bit for bit, with less of flair's per-token Pyth
 
 from __future__ import annotations
 
+import copy
+import pickle
 import tempfile
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from flair.models import SequenceTagger, TextClassifier, TextPairClassifier
 from flair.trainers import ModelTrainer
 
 from flair_nbddp.synthetic import ner_corpus, sentiment_corpus
+from flair_nbddp.wire import codec
 from flair_nbddp.worker import clean_tokens, direct_embeddings, token_gathers
 
 
@@ -28,8 +31,9 @@ from flair_nbddp.worker import clean_tokens, direct_embeddings, token_gathers
 def paths(monkeypatch):
     """The paths installed in this process for the test (flair's own methods restored after it), and counters of
     the tagger batches they served, of the tokens given or cleared of an embedding, and of flair's own loops run."""
-    for owner, name in ((SequenceTagger, "_prepare_tensors"), (SequenceTagger, "predict"), (ModelTrainer, "train_custom"),
-                        (Sentence, "clear_embeddings"), (Sentence, "remove_labels"), (Sentence, "_add_token"),
+    for owner, name in ((SequenceTagger, "_prepare_tensors"), (SequenceTagger, "predict"),
+                        (ModelTrainer, "train_custom"), (Sentence, "__getstate__"), (Sentence, "clear_embeddings"),
+                        (Sentence, "remove_labels"), (Sentence, "_add_token"),
                         (Token, "set_embedding"), (Token, "clear_embeddings"), (transformer, "combine_strided_tensors"),
                         (transformer, "fill_masked_elements")):  # fmt: skip
         monkeypatch.setattr(owner, name, getattr(owner, name))
@@ -82,7 +86,9 @@ def _fine_tuned(model, corpus, base, enabled: bool, epochs: int = 2) -> list[tor
 TAGGERS = {
     "linear, first sub-token": dict(use_crf=False, use_rnn=False, reproject_embeddings=False, pooling="first"),
     "CRF and RNN, mean of sub-tokens": dict(use_crf=True, use_rnn=True, reproject_embeddings=True, pooling="mean"),
-    "CRF, first and last sub-token": dict(use_crf=True, use_rnn=False, reproject_embeddings=False, pooling="first_last"),
+    "CRF, first and last sub-token": dict(
+        use_crf=True, use_rnn=False, reproject_embeddings=False, pooling="first_last"
+    ),
 }
 
 
@@ -184,6 +190,14 @@ def test_a_sentence_forgets_its_tokens_are_clean_once_one_is_given_an_embedding_
     clean_tokens.start_job(False)  # off: flair's walk every time
     sentence.clear_embeddings()
     assert paths["tokens cleared"] == 14
+    # the memory stays with the sentence in this process: a copy, a pickle and the codec's shipment carry none of it
+    clean_tokens.start_job(True)
+    sentence.clear_embeddings()
+    for other in (copy.copy(sentence), pickle.loads(pickle.dumps(sentence)), codec.decode(codec.encode(sentence))):
+        assert not [name for name in vars(other) if name.startswith(codec.KIT_MARKS)]
+        walked = paths["tokens cleared"]
+        other.clear_embeddings()
+        assert paths["tokens cleared"] == walked + 4
 
 
 def test_what_the_direct_path_cannot_serve_goes_flairs_way_with_one_notice(paths, tiny_model_path, tmp_path, capsys):
@@ -204,6 +218,25 @@ def test_what_the_direct_path_cannot_serve_goes_flairs_way_with_one_notice(paths
     stacked = StackedEmbeddings([TransformerWordEmbeddings(tiny_model_path), OneHotEmbeddings.from_corpus(corpus)])
     SequenceTagger(stacked, dictionary, "ner", use_crf=False).predict(sentences, mini_batch_size=8)
     assert capsys.readouterr().err.count("its TransformerWordEmbeddings is one of its StackedEmbeddings") == 1
+    # a task of a multitask model, whose other tasks may read what it stores; a frozen transformer whose embeddings
+    # flair's "cpu" storage keeps (said above already): flair's way
+    tagger.train()
+    flairs = paths["flairs"]
+
+    class MultitaskModel:  # stands for flair's: the model trained, of which the tagger is one task
+        pass
+
+    for scope in (("none", MultitaskModel()), ("cpu", tagger)):
+        direct_embeddings._SCOPES.append(scope)
+        try:
+            tagger.forward_loss(sentences[:8])
+        finally:
+            direct_embeddings._SCOPES.pop()
+        for parameter in tagger.embeddings.parameters():
+            parameter.requires_grad = False
+    errors = capsys.readouterr().err
+    assert errors.count("it is part of MultitaskModel, whose other parts may read the embeddings it stores") == 1
+    assert paths["served"] == 0 and paths["flairs"] == flairs + 2
     # a tagger without a transformer: flair's way, nothing to say
     SequenceTagger(OneHotEmbeddings.from_corpus(corpus), dictionary, "ner", use_crf=False).predict(sentences)
     assert "gathers its embeddings" not in capsys.readouterr().err

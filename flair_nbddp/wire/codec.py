@@ -100,6 +100,7 @@ _TOKEN_DEFAULTS = {"_metadata": {}, "head_id": None}
 _GROUP_NATIVE = frozenset({"annotation_layers", "first", "second", "third"})
 _GROUP_DEFAULTS = {"_metadata": {}}
 _CACHES = frozenset({"_embeddings", "concatenated_data"})
+KIT_MARKS = "_flair_nbddp_"  # a data point's attributes named so are the kit's marks, kept by the process that set them
 
 
 def supports(obj: Any) -> bool:
@@ -267,7 +268,8 @@ def _extra_attributes(obj: Any, native: frozenset, defaults: dict) -> dict:
     return {
         name: value
         for name, value in vars(obj).items()
-        if name not in native and name not in _CACHES and not (name in defaults and _is_default(value, defaults[name]))
+        if name not in native and name not in _CACHES and not name.startswith(KIT_MARKS)
+        and not (name in defaults and _is_default(value, defaults[name]))
     }
 
 

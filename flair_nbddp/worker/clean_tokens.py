@@ -12,8 +12,8 @@ In a worker with ``skip_clean_tokens`` on (the default):
 * a sentence whose tokens flair has just cleared of every embedding (or that a predict call's rank has just made)
   remembers that they hold none, and forgets it as soon as one of its tokens is given an embedding
   (``Token.set_embedding``, which every flair embedding calls) or a token is added to it. While it remembers,
-  clearing it clears the sentence's own embeddings and leaves its tokens alone. The memory stays in the process:
-  a sentence pickled elsewhere and back has forgotten it.
+  clearing it clears the sentence's own embeddings and leaves its tokens alone. The memory stays with the sentence
+  in its process: a pickled or copied sentence, and one the kit's codec ships, remembers nothing.
 * removing a sentence's labels of a type that only the sentence itself carries (flair registers every token's and
   span's label on its sentence too), with no spans known to it, removes them from the sentence and leaves its tokens
   alone.
@@ -27,9 +27,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from ..wire.codec import KIT_MARKS
+
 _JOB = {"enabled": True}
-_CLEAN = "_flair_nbddp_tokens_clean"  # in a sentence's __dict__, as _MARK: none of its tokens holds an embedding
-_MARK = object()  # this process's: a sentence unpickled from another process (or from itself) is not marked
+_CLEAN = KIT_MARKS + "tokens_clean"  # in a sentence's __dict__, as _MARK: none of its tokens holds an embedding
+_MARK = object()  # this process's: a sentence unpickled from another process is not marked
 
 
 def install() -> None:
@@ -76,7 +78,15 @@ def install() -> None:
             return
         remove(self, typename)
 
+    getstate = Sentence.__getstate__
+
+    @functools.wraps(getstate)
+    def __getstate__(self: Any) -> Any:  # pickled or copied: the copy remembers nothing (set_embedding forgets here)
+        state = getstate(self)
+        return {key: value for key, value in state.items() if key != _CLEAN} if isinstance(state, dict) else state
+
     clear_embeddings._flair_nbddp_clean = True
+    Sentence.__getstate__ = __getstate__
     Sentence.clear_embeddings = clear_embeddings
     Sentence.remove_labels = remove_labels
     Token.set_embedding = set_token_embedding

@@ -7,11 +7,11 @@ selects with a boolean mask, and on a GPU each such selection waits for the devi
 batch of 32 sentences, which leave the GPU idle while the next operations are queued.
 
 In a worker with ``direct_embeddings`` on (the default), both are done with the positions worked out on the host
-from one copy of the small integer tensors that say where each sentence's rows and words are (the window of each
-row, each sub-token's word), and one indexed copy on the device: the same tensors, value for value, in the same
-types, with the same gradients (each position is copied from exactly one place). What is not the plain case (word
-positions that repeat or go back within a row, a word past the sentence's length) and a traced model (ONNX export)
-go flair's way.
+from a copy of the small integer tensors that say where each sentence's rows and words are (the window of each
+row, each sub-token's word, the sentences' lengths), and one indexed copy on the device: the same tensors, value
+for value, in the same types, with the same gradients (each position is copied from exactly one place). What is
+not the plain case (word positions that repeat or go back within a row, a word past the sentence's length) and a
+traced model (ONNX export) go flair's way.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def install() -> None:
 
     if getattr(transformer.fill_masked_elements, "_flair_nbddp_gathers", False):
         return
-    for name, ours in (("combine_strided_tensors", combine_strided_tensors), ("fill_masked_elements", fill_masked_elements)):
+    for name, ours in (("combine_strided_tensors", combine_strided_tensors),
+                       ("fill_masked_elements", fill_masked_elements)):
         flairs = getattr(transformer, name)
         replacement = functools.wraps(flairs)(functools.partial(ours, flairs))
         replacement._flair_nbddp_gathers = True
@@ -85,10 +86,12 @@ def combine_strided_tensors(
             target_rows.append(np.full(span, sentence))
             target_columns.append(np.arange(at, at + span))
             at += span
-    def index(parts: list) -> Any:
-        return torch.from_numpy(np.concatenate(parts).astype(np.int64)).to(flair.device, non_blocking=True)
+    def index(parts: list, device: Any) -> Any:
+        return torch.from_numpy(np.concatenate(parts).astype(np.int64)).to(device, non_blocking=True)
 
-    combined[index(target_rows), index(target_columns)] = hidden_states[index(source_rows), index(source_columns)]
+    source = hidden_states.device  # the CPU for an embedding that runs there (ONNX), while the result is flair's
+    values = hidden_states[index(source_rows, source), index(source_columns, source)].to(combined.device)
+    combined[index(target_rows, combined.device), index(target_columns, combined.device)] = values
     return combined
 
 
@@ -99,7 +102,6 @@ def fill_masked_elements(
     the hidden state of its sub-token that ``mask`` picks, zeros for a word without one."""
     if _flairs_way():
         return flairs(all_token_embeddings, sentence_hidden_states, mask, word_ids, lengths)
-    import flair
     import torch
 
     picked = torch.where(mask & (word_ids >= 0), word_ids, -1).cpu().numpy()
@@ -110,9 +112,10 @@ def fill_masked_elements(
     if (words >= lengths_[rows]).any() or (same_row & (words[1:] <= words[:-1])).any():
         return flairs(all_token_embeddings, sentence_hidden_states, mask, word_ids, lengths)
 
-    def index(values: np.ndarray) -> Any:
-        return torch.from_numpy(values.astype(np.int64)).to(flair.device, non_blocking=True)
+    def index(values: np.ndarray, device: Any) -> Any:
+        return torch.from_numpy(values.astype(np.int64)).to(device, non_blocking=True)
 
-    rows_, columns_ = index(rows), index(columns)
-    all_token_embeddings[rows_, index(words)] = sentence_hidden_states[rows_, columns_]
+    source, target = sentence_hidden_states.device, all_token_embeddings.device
+    values = sentence_hidden_states[index(rows, source), index(columns, source)].to(target)
+    all_token_embeddings[index(rows, target), index(words, target)] = values
     return all_token_embeddings
