@@ -9,7 +9,8 @@ generated IMDB-length reviews, as ``Sentence`` objects built before timing. In r
 * ``flair``: ``model.predict(sentences, mini_batch_size=32)`` in this process on ``--device`` (torch with every
   core on CPU), fp32;
 * ``kit <precision>``: ``pool.predict(ref, sentences)`` on a warm pool (``--processes`` workers on ``--device``;
-  the model put on the pool and loaded by one call before timing), for each of ``--precisions``.
+  the model put on the pool and loaded by one call before timing), for each of ``--precisions``. More processes than
+  GPUs share them (``share_gpus=True``): several ranks, each paced by its own CPU core, predicting on one GPU.
 
 Reported per mode and round: seconds, texts per second, the ratio to flair's same round, the GPU's busy share (NVML
 every 0.1 s), the notebook process's CPU ms per 1,000 texts (what dealing, shipping and putting labels back cost
@@ -140,7 +141,8 @@ def main() -> None:
         mode["rounds"].append(figures)
         mode.setdefault("labels", labels(sentences))  # the first round's
 
-    with flair_nbddp.WorkerPool(processes, args.device) as pool:
+    gpus = torch.cuda.device_count() if args.device == "cuda" else 0
+    with flair_nbddp.WorkerPool(processes, args.device, share_gpus=processes > gpus > 0) as pool:
         pool.warm_up()
         ref = pool.put(model)
         pool.predict(ref, texts[: 8 * args.batch], mini_batch_size=args.batch, dashboard=False)  # loads the model
