@@ -1,7 +1,8 @@
 """The flair canary: every flair name the kit patches, wraps, calls, subclasses or reads is where the kit expects it.
 
 The kit bends flair 0.15.x in its workers (``flair_compat.py``, ``distributed_eval.py``, ``lazy_corpus.py``,
-``fast_inputs.py``, ``no_waits.py``, ``precision.py``, ``compiled.py``, ``rank_zero_loggers.py``) and
+``fast_inputs.py``, ``direct_embeddings.py``, ``token_gathers.py``, ``clean_tokens.py``, ``no_waits.py``,
+``precision.py``, ``compiled.py``, ``rank_zero_loggers.py``) and
 reads its data structures attribute by attribute (``codec.py``). A flair release that moves or renames one of
 these fails here in seconds, naming it, instead of deep inside a multi-process test. Fast tier: nothing starts.
 """
@@ -36,6 +37,14 @@ ATTRIBUTES = [
     # fast_inputs: the private method that calls the tokenizer, and what decides whether the kit can serve it
     "flair.embeddings.transformer.TransformerBaseEmbeddings._TransformerBaseEmbeddings__build_transformer_model_inputs",
     "flair.embeddings.transformer.TransformerBaseEmbeddings.prepare_tensors",
+    # direct_embeddings, token_gathers, clean_tokens: the tagger's gathering and what it reads, the embeddings'
+    # forward pieces and module-level loops, the sentence methods whose token walks are skipped
+    "flair.models.SequenceTagger._prepare_tensors", "flair.models.SequenceTagger._make_padded_tensor_for_batch",
+    "flair.embeddings.transformer.TransformerBaseEmbeddings._add_embeddings_internal",
+    "flair.embeddings.transformer.TransformerBaseEmbeddings._forward_tensors",
+    "flair.embeddings.base.TokenEmbeddings._everything_embedded",
+    "flair.data.Sentence.clear_embeddings", "flair.data.Sentence.remove_labels", "flair.data.Sentence._add_token",
+    "flair.data.DataPoint.clear_embeddings", "flair.data.Token.set_embedding",
     # no_waits: the layer selection, the label building and transformers' mask check answered from the host
     "flair.embeddings.transformer.TransformerEmbeddings.forward", "flair.nn.DefaultClassifier._prepare_label_tensor",
     "flair.models.SequenceTagger._prepare_label_tensor",
@@ -63,7 +72,7 @@ ATTRIBUTES = [
 # functions the kit calls or wraps, with the parameters it binds or passes by name
 PARAMETERS = {
     "flair.trainers.ModelTrainer.train_custom": ("base_path", "max_epochs", "multi_gpu", "plugins", "save_final_model",
-                                                 "use_amp"),
+                                                 "use_amp", "embeddings_storage_mode"),
     "flair.embeddings.transformer.TransformerBaseEmbeddings._TransformerBaseEmbeddings__build_transformer_model_inputs": (
         "sentences", "offsets", "sentence_lengths", "flair_tokens", "device"),
     "flair.trainers.ModelTrainer.train": ("multi_gpu", "plugins", "embeddings_storage_mode"),
@@ -84,6 +93,10 @@ PARAMETERS = {
     "transformers.modeling_attn_mask_utils.AttentionMaskConverter._expand_mask": ("mask", "dtype", "tgt_len"),
     "flair.trainers.plugins.loggers.tensorboard.TensorboardLogger.__init__": ("log_dir", "comment", "tracked_metrics"),
     "flair.trainers.plugins.loggers.log_file.add_file_handler": ("log", "output_file"),
+    "flair.embeddings.transformer.combine_strided_tensors": ("hidden_states", "overflow_to_sample_mapping",
+                                                            "half_stride", "max_length", "default_value"),
+    "flair.embeddings.transformer.fill_masked_elements": ("all_token_embeddings", "sentence_hidden_states", "mask",
+                                                         "word_ids", "lengths"),
 }  # fmt: skip
 
 
