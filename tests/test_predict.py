@@ -153,6 +153,36 @@ def test_the_collector_puts_predictions_in_input_order_whatever_order_chunks_com
     assert [(row["text"], row["labels"][0]["value"]) for row in rows] == [(f"t{i}", f"v{i}") for i in range(5)]
 
 
+def test_the_last_chunks_are_taken_when_the_run_ends_and_concludes_while_the_taker_takes(tmp_path):
+    """The run's last chunks arrive, and it ends and concludes, between the taker's taking and its look at the run:
+    the taker takes them before it returns."""
+    from types import SimpleNamespace
+
+    from flair_nbddp.predicting.runner import PredictCall
+    from flair_nbddp.wire.events import Predicted
+
+    class EndingRun:  # the supervisor applies the last chunk, ends the run and the cell concludes it, just then
+        def __init__(self) -> None:
+            self.arrived = False
+            self.pending = [Predicted(0, 0, (_record("v0"),))]
+            self.state = SimpleNamespace(take_predicted=self.take_predicted)
+
+        def take_predicted(self) -> list:
+            if not self.arrived:
+                self.arrived = True  # after this take: the chunk arrives, the run ends and is concluded
+                return []
+            taken, self.pending = self.pending, []
+            return taken
+
+        ended = property(lambda self: self.arrived)
+        active = property(lambda self: not self.arrived)
+
+    call = PredictCall(EndingRun(), Texts(["t0"]), [np.array([0])], "label", None, view=None)
+    call._collector = Collector(call.inputs, call.chunks, "label", keep=True, output=None)
+    call._take()
+    assert call._collector.done == call.received == 1
+
+
 # -- errors before any worker starts -------------------------------------------------------------------------------
 def test_a_model_that_is_not_a_flair_model_is_refused(tmp_path):
     with pytest.raises(ConfigurationError, match="needs a flair model that predicts"):

@@ -158,13 +158,16 @@ class PredictCall:
         own, which an interrupt never reaches: a row is written and counted in ``done`` together, or not at all."""
         try:
             while True:
-                ended = self.run.ended
+                # read before taking: every chunk came in before the run ended (each rank's chunks precede its end
+                # on its channel), so what is taken next is the last of them; read after, a run that ends and
+                # concludes in between would leave its last chunks untaken
+                over = self.run.ended or not self.run.active  # ended, or ended and concluded already (a kill)
                 for event in self.run.state.take_predicted():
                     self._collector.take(event.chunk, event.records)  # type: ignore[union-attr]
                     if self.first_at is None:
                         self.first_at, self.first_count = time.time(), len(event.records)
                     self.received += len(event.records)
-                if ended or not self.run.active:  # ended, or ended and concluded already (a kill)
+                if over:
                     return
                 time.sleep(TAKE_SECONDS)
         except BaseException as error:  # noqa: BLE001 - a file that cannot be written: the run ends, the call raises it
