@@ -86,12 +86,11 @@ def combine_strided_tensors(
             target_rows.append(np.full(span, sentence))
             target_columns.append(np.arange(at, at + span))
             at += span
-    def index(parts: list, device: Any) -> Any:
-        return torch.from_numpy(np.concatenate(parts).astype(np.int64)).to(device, non_blocking=True)
-
+    rows, columns = np.concatenate(source_rows), np.concatenate(source_columns)
     source = hidden_states.device  # the CPU for an embedding that runs there (ONNX), while the result is flair's
-    values = hidden_states[index(source_rows, source), index(source_columns, source)].to(combined.device)
-    combined[index(target_rows, combined.device), index(target_columns, combined.device)] = values
+    values = hidden_states[_index(rows, source), _index(columns, source)].to(combined.device)
+    rows, columns = np.concatenate(target_rows), np.concatenate(target_columns)
+    combined[_index(rows, combined.device), _index(columns, combined.device)] = values
     return combined
 
 
@@ -112,10 +111,14 @@ def fill_masked_elements(
     if (words >= lengths_[rows]).any() or (same_row & (words[1:] <= words[:-1])).any():
         return flairs(all_token_embeddings, sentence_hidden_states, mask, word_ids, lengths)
 
-    def index(values: np.ndarray, device: Any) -> Any:
-        return torch.from_numpy(values.astype(np.int64)).to(device, non_blocking=True)
-
     source, target = sentence_hidden_states.device, all_token_embeddings.device
-    values = sentence_hidden_states[index(rows, source), index(columns, source)].to(target)
-    all_token_embeddings[index(rows, target), index(words, target)] = values
+    values = sentence_hidden_states[_index(rows, source), _index(columns, source)].to(target)
+    all_token_embeddings[_index(rows, target), _index(words, target)] = values
     return all_token_embeddings
+
+
+def _index(positions: np.ndarray, device: Any) -> Any:
+    """Positions as an index tensor on ``device``."""
+    import torch
+
+    return torch.from_numpy(positions.astype(np.int64)).to(device, non_blocking=True)
