@@ -672,6 +672,17 @@ def predict_section(r: Results) -> str:
     return "\n\n".join(parts)
 
 
+def _median(runs: list[dict], *keys: str) -> list[float | None]:
+    """For each key, the median over ``runs`` of the values they have (None where none has one)."""
+    values = [[run[key] for run in runs if run.get(key) is not None] for key in keys]
+    return [statistics.median(found) if found else None for found in values]
+
+
+def _by_epoch(runs: list[dict], key: str) -> list[float]:
+    """The median over ``runs`` of each epoch's value of a per-epoch figure."""
+    return [statistics.median(values) for values in zip(*(run.get(key) or [] for run in runs))]
+
+
 def bookkeeping_section(r: Results) -> str:
     """flair's per-token bookkeeping: the kit with its paths on and off, against flair's script and the plain loop."""
     names = sorted(path.name for path in r.folder.glob("bookkeeping-*.json"))
@@ -689,35 +700,25 @@ def bookkeeping_section(r: Results) -> str:
         data = r(name)
         gpu = data["machine"]["gpus"] > 0
         for job in data["jobs"]:
-            kinds: dict[str, list[dict]] = {}
-            for run in data["runs"]:
-                if run["job"] == job and "samples_per_s" in run:
-                    kinds.setdefault(run["run"], []).append(run)
+            kinds = grouped([run for run in data["runs"] if run["job"] == job and "samples_per_s" in run])
             if not kinds:
                 continue
-            flair = statistics.median(run["samples_per_s"] for run in kinds.get("flair fp32", [{"samples_per_s": 0}]))
-            flair_cpu = statistics.median(run.get("cpu_ms_per_sample") or 0 for run in kinds.get("flair fp32", [{}]))
-            plain = [run["samples_per_s"] for run in kinds.get("plain loop bf16", [])]
+            flair, flair_cpu = _median(kinds.get("flair fp32", []), "samples_per_s", "cpu_ms_per_sample")
+            plain = _median(kinds.get("plain loop bf16", []), "samples_per_s")[0]
             header = ["run", "samples/s", "× flair's script", *(["× plain loop bf16"] if plain else []),
                       "batch ms, by epoch", "between epochs, s", *(["GPU busy"] if gpu else []), "CPU ms a sample",
                       "CPU × flair's script"]
             rows = []
             for label, runs in kinds.items():
-                rate = statistics.median(run["samples_per_s"] for run in runs)
-                epochs = [statistics.median(values) for values in zip(*(run.get("epoch_batch_ms_median") or []
-                                                                          for run in runs))]  # fmt: skip
-                pauses = [statistics.median(values) for values in zip(*(run.get("between_epochs_s") or []
-                                                                          for run in runs))]  # fmt: skip
-                cpu = [run["cpu_ms_per_sample"] for run in runs if run.get("cpu_ms_per_sample")]
-                busy = [run["gpu_busy_percent"] for run in runs if run.get("gpu_busy_percent") is not None]
+                rate, cpu, busy = _median(runs, "samples_per_s", "cpu_ms_per_sample", "gpu_busy_percent")
                 rows.append([
                     display(label), f"**{number(rate)}**", ratio(rate / flair) if flair else "—",
-                    *([ratio(rate / statistics.median(plain))] if plain else []),
-                    " · ".join(number(value) for value in epochs) or "—",
-                    " · ".join(number(value, 2) for value in pauses) or "—",
-                    *([percent(statistics.median(busy)) if busy else "—"] if gpu else []),
-                    number(statistics.median(cpu), 2) if cpu else "—",
-                    number(statistics.median(cpu) / flair_cpu, 2) if cpu and flair_cpu else "—",
+                    *([ratio(rate / plain)] if plain else []),
+                    " · ".join(number(value) for value in _by_epoch(runs, "epoch_batch_ms_median")) or "—",
+                    " · ".join(number(value, 2) for value in _by_epoch(runs, "between_epochs_s")) or "—",
+                    *([percent(busy) if busy is not None else "—"] if gpu else []),
+                    number(cpu, 2) if cpu else "—",
+                    number(cpu / flair_cpu, 2) if cpu and flair_cpu else "—",
                 ])  # fmt: skip
             parts += [f"### {r.short(name)}: {'the classifier' if job == 'classify' else 'the tagger'}",
                       f"*Job:* `{data['jobs'][job]}`, 3 epochs{' (the plain loop: 2)' if plain else ''}.",
