@@ -83,7 +83,9 @@ def install() -> None:
     @functools.wraps(getstate)
     def __getstate__(self: Any) -> Any:  # pickled or copied: the copy remembers nothing (set_embedding forgets here)
         state = getstate(self)
-        return {key: value for key, value in state.items() if key != _CLEAN} if isinstance(state, dict) else state
+        if not isinstance(state, dict) or _CLEAN not in state:
+            return state
+        return {key: value for key, value in state.items() if key != _CLEAN}
 
     clear_embeddings._flair_nbddp_clean = True
     Sentence.__getstate__ = __getstate__

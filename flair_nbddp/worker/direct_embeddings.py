@@ -13,8 +13,8 @@ embedding of the batch and drop them after it, and nothing else reads them meanw
 is the tagger itself (not a task of a multitask model, whose other tasks may reuse them), and the storage is
 ``"none"`` (as ``fine_tune`` and ``predict`` have it) or, in training, the embeddings need gradients (flair always
 drops those) and the sentences hold no other embedding. Otherwise it goes flair's way, with one notice per reason on
-the rank's stderr (other embeddings stacked with the transformer, a tagger or embedding class that gathers or stores
-its own way, a storage that keeps them); a tagger without a transformer's word embeddings, an empty sentence and
+the rank's stderr (other embeddings stacked with the transformer, a task of a multitask model, a tagger or
+embedding class that gathers or stores its own way, a storage that keeps them); a tagger without a transformer's word embeddings, an empty sentence and
 embeddings flair finds already made (and reuses) go flair's way silently.
 
 The storage mode is read from flair's own arguments: ``train_custom``'s ``embeddings_storage_mode`` (which
