@@ -67,8 +67,9 @@ def shown(command: list[str]) -> str:
                              f"benchmarks/{Path(part).name}" if part.endswith(".py") else part for part in command)
 
 
-def measure(command: list[str], two_cores: bool) -> dict:
-    env = {**os.environ, **({"OMP_NUM_THREADS": "2"} if two_cores else {})}
+def measure(command: list[str]) -> dict:
+    """The figures a run prints; a run held to 2 cores (``taskset``) gets 2 OpenMP threads too."""
+    env = {**os.environ, **({"OMP_NUM_THREADS": "2"} if command[0] == "taskset" else {})}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
@@ -101,7 +102,7 @@ def main() -> None:
     for round_ in range(1, args.rounds + 1):
         for job in args.jobs.split(","):
             for label, command in runs(args.device, job):
-                figures = measure(command, two_cores=command[0] == "taskset")
+                figures = measure(command)
                 record["runs"].append({"round": round_, "job": job, "run": label, **figures, "command": shown(command)})
                 print(json.dumps(record["runs"][-1])[:400], flush=True)
                 args.json.write_text(json.dumps(record, indent=1))
